@@ -1,0 +1,3 @@
+"""psframework: straggler-tolerant MPI parameter-server training for CNNs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,164 @@
+"""Command line: psf train | check | model-info | bench | doctor."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional, Sequence
+
+from psframework import __version__
+from psframework.config import ConfigError, dump_config, load_config
+from psframework.data import DatasetError
+
+EXIT_USAGE = 2
+BENCHMARKS = {
+    "codec": "psframework.bench.codec",
+    "comm": "psframework.bench.comm",
+}
+
+
+def _world() -> tuple:
+    """Return (rank, size, comm) of the MPI job, or (0, 1, None) when MPI is not running."""
+    if "mpi4py" not in sys.modules and not _launched_by_mpi():
+        return 0, 1, None
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    return comm.Get_rank(), comm.Get_size(), comm
+
+
+def _launched_by_mpi() -> bool:
+    """Return whether an MPI launcher started this process (so MPI must be initialised)."""
+    import os
+
+    markers = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "SLURM_STEP_ID")
+    return any(m in os.environ for m in markers) and "PSF_NO_MPI" not in os.environ
+
+
+def _fail(message: str, rank: int = 0) -> int:
+    """Print one error line (on rank 0 only) and return the usage exit status."""
+    if rank == 0:
+        print(f"psf: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    rank, size, comm = _world()
+    try:
+        cfg = load_config(args.config, args.overrides, world_size=size)
+    except (ConfigError, DatasetError) as exc:
+        return _fail(str(exc), rank)
+    from psframework.schemes import get_runner
+
+    try:
+        runner = get_runner(cfg.scheme)
+    except NotImplementedError as exc:
+        return _fail(str(exc), rank)
+    try:
+        runner(cfg, comm=comm)
+    except (ConfigError, DatasetError) as exc:
+        return _fail(str(exc), rank)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides, world_size=args.world_size)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    sys.stdout.write(dump_config(cfg))
+    return 0
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    from psframework.models import build_model, model_summary
+    from psframework.models.split import input_size_of
+
+    in_channels, classes = _dataset_shape(cfg)
+    try:
+        model = build_model(cfg.model, in_channels, classes)
+    except ValueError as exc:
+        return _fail(str(exc))
+    rows = model_summary(model)
+    size = input_size_of(cfg.model)
+    print(f"model {cfg.model.name}: input {in_channels}x{size}x{size}, {classes} classes")
+    print(f"{'part':<15} {'layer':<24} {'output':<16} {'params':>10} {'activations':>12}")
+    for r in rows:
+        shape = "x".join(str(d) for d in r["output"])
+        print(f"{r['part']:<15} {r['layer']:<24} {shape:<16} {r['params']:>10,} {r['activations']:>12,}")
+    conv = sum(r["params"] for r in rows if r["part"].startswith("conv"))
+    head = sum(r["params"] for r in rows) - conv
+    total = conv + head
+    print(f"conv stack {conv:,} parameters ({100 * conv / total:.1f}%), head {head:,} ({100 * head / total:.1f}%), "
+          f"total {total:,}; feature map {'x'.join(map(str, model.feature_shape))} per sample")
+    return 0
+
+
+def _dataset_shape(cfg) -> tuple:
+    """Return (input channels, classes) of the configured dataset without loading it."""
+    d = cfg.data
+    if d.dataset == "synthetic":
+        return d.synthetic.channels, d.synthetic.classes
+    if d.dataset == "cifar10":
+        return 3, 10
+    return 1, 10
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    module = importlib.import_module(BENCHMARKS[args.benchmark])
+    return int(module.main(args.rest) or 0)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from psframework import doctor
+
+    return int(doctor.main(args.rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the `psf` command."""
+    parser = argparse.ArgumentParser(prog="psf", description="Straggler-tolerant MPI parameter-server "
+                                     "training for CNNs (Stanza layer separation, SAZD coded training).")
+    parser.add_argument("--version", action="version", version=f"psframework {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("config", help="YAML experiment file")
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="dotted overrides such as train.lr=0.1 code.n=6")
+        return p
+
+    p = with_config("train", "train a model as the config says (MPI schemes under mpiexec)")
+    p.set_defaults(func=cmd_train)
+    p = with_config("check", "validate a config and print it resolved")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="also check the config against this MPI world size")
+    p.set_defaults(func=cmd_check)
+    p = with_config("model-info", "print per-layer parameters and activation sizes")
+    p.set_defaults(func=cmd_model_info)
+    p = sub.add_parser("bench", help="run a benchmark and write its report",
+                       description="run a benchmark; arguments after its name go to the benchmark")
+    p.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark options (see psf bench NAME --help)")
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("doctor", help="print the MPI, thread, GPU and binding set-up")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the `psf` command line."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+def entry_point() -> None:
+    """Console-script entry: exit with main()'s status."""
+    sys.exit(main())

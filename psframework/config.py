@@ -1,0 +1,348 @@
+"""Typed experiment configuration: YAML files, dotted overrides, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, List, Literal, Mapping, Optional, Sequence, Union
+
+import yaml
+
+SCHEMES = ("reference", "ps", "stanza", "sazd", "sazd-naive", "poly", "uncoded")
+MPI_SCHEMES = SCHEMES[1:]
+CODED_SCHEMES = ("sazd", "sazd-naive", "poly", "uncoded")
+DATA_PARALLEL_SCHEMES = ("ps", "stanza")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
+FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
+MODELS = ("lenet5", "vgg-small", "alexnet-small")
+OPTIMIZERS = ("sgd", "adam")
+LINEAR_OPTIMIZERS = ("sgd",)
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass
+class SyntheticConfig:
+    channels: int = 3
+    height: int = 32
+    width: int = 32
+    classes: int = 10
+    train_size: int = 2048
+    test_size: int = 512
+    noise: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    dataset: Literal["digits", "mnist", "fashion-mnist", "cifar10", "synthetic"] = "digits"
+    root: Optional[str] = None
+    batch_size: int = 32
+    test_batch_size: int = 256
+    seed: int = 0
+    drop_last: bool = True
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["lenet5", "vgg-small", "alexnet-small"] = "lenet5"
+    input_size: Optional[int] = None
+    channels: Optional[List[int]] = None
+    fc: Optional[List[int]] = None
+    batch_norm: Optional[bool] = None
+    dropout: Optional[float] = None
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 5
+    max_iterations: Optional[int] = None
+    lr: float = 0.02
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    head_optimizer: Optional[Literal["sgd", "adam"]] = None
+    head_lr: Optional[float] = None
+    seed: int = 0
+    eval_every: int = 0
+
+
+@dataclass
+class CodeConfig:
+    n: int = 4
+    k: int = 3
+    systematic: bool = True
+    symbol_channels: int = 1
+    nodes: Literal["chebyshev", "equispaced", "integers"] = "chebyshev"
+
+
+@dataclass
+class StragglerConfig:
+    model: Literal["none", "fixed", "random", "exponential", "pareto"] = "none"
+    ranks: List[int] = field(default_factory=list)
+    factor: float = 1.0
+    seed: int = 0
+    count: int = 1
+    shape: float = 1.5
+
+
+@dataclass
+class CommConfig:
+    dissemination: Literal["direct", "relay"] = "direct"
+    cuda_aware: Literal["auto", "true", "false"] = "auto"
+    timeout_s: float = 120.0
+    threads: int = 0
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+
+
+@dataclass
+class Config:
+    name: str = "experiment"
+    scheme: Literal["reference", "ps", "stanza", "sazd", "sazd-naive", "poly", "uncoded"] = "reference"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def run_dir(self) -> str:
+        """Return the directory that holds this run's outputs."""
+        return os.path.join(self.output.dir, self.name)
+
+    @property
+    def is_mpi(self) -> bool:
+        """Return whether the scheme runs under MPI with n workers."""
+        return self.scheme in MPI_SCHEMES
+
+    def to_dict(self) -> dict:
+        """Return the configuration as plain nested dictionaries."""
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- conversion
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is Union:
+        inner = [a for a in args if a is not type(None)]
+        return _type_name(inner[0]) + " or null"
+    if origin in (list, List):
+        return f"a list of {_type_name(args[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check and convert one value against its declared type."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    bad = ConfigError(f"{key}: got {value!r}, expected {_type_name(tp)}")
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if origin is Literal:
+        if isinstance(value, bool):
+            # YAML reads on/off/yes/no as booleans; map them back onto the allowed words.
+            words = ("on", "true") if value else ("off", "false")
+            value = next((w for w in words if w in args), str(value).lower())
+        if value not in args:
+            hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(map(str, args))}{extra}")
+        return value
+    if origin in (list, List):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise bad
+        return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise bad
+        return _build(tp, value, key + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build a dataclass from a mapping, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            extra = f" (did you mean '{prefix}{hint[0]}'?)" if hint else f" (known keys: {', '.join(names)})"
+            raise ConfigError(f"unknown key '{prefix}{key}'{extra}")
+        kwargs[key] = _convert(value, hints[key], prefix + key)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"override key {dotted!r}: expected dotted names such as train.lr")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override key {dotted!r}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple:
+    """Split a `key=value` override; the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, for example train.lr=0.1")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+# ---------------------------------------------------------------- validation
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
+    """Check cross-field constraints; raise ConfigError naming the bad value."""
+    _require(cfg.name != "" and "/" not in cfg.name and cfg.name not in (".", ".."),
+             f"name: got {cfg.name!r}, expected a non-empty name without '/'")
+    d, t, c, s, m = cfg.data, cfg.train, cfg.code, cfg.stragglers, cfg.model
+    _require(d.batch_size > 0, f"data.batch_size: got {d.batch_size}, expected a positive integer")
+    _require(d.test_batch_size > 0, f"data.test_batch_size: got {d.test_batch_size}, expected a positive integer")
+    _require(t.epochs > 0, f"train.epochs: got {t.epochs}, expected a positive integer")
+    _require(t.max_iterations is None or t.max_iterations > 0,
+             f"train.max_iterations: got {t.max_iterations}, expected a positive integer or null")
+    _require(t.lr > 0, f"train.lr: got {t.lr}, expected a positive number")
+    _require(t.head_lr is None or t.head_lr > 0, f"train.head_lr: got {t.head_lr}, expected a positive number or null")
+    _require(0 <= t.momentum < 1, f"train.momentum: got {t.momentum}, expected 0 <= momentum < 1")
+    _require(not t.nesterov or t.momentum > 0, "train.nesterov: true needs train.momentum > 0")
+    _require(t.weight_decay >= 0, f"train.weight_decay: got {t.weight_decay}, expected >= 0")
+    _require(t.eval_every >= 0, f"train.eval_every: got {t.eval_every}, expected >= 0 (0 = every epoch)")
+    _require(c.k >= 1, f"code.k: got {c.k}, expected k >= 1")
+    _require(c.n >= 1, f"code.n: got {c.n}, expected n >= 1")
+    _require(c.k <= c.n, f"code.k: got k={c.k} > n={c.n}, expected k <= n")
+    _require(c.symbol_channels >= 1, f"code.symbol_channels: got {c.symbol_channels}, expected >= 1")
+    if cfg.scheme == "uncoded":
+        _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme uncoded needs k = n")
+    if cfg.scheme in CODED_SCHEMES and cfg.scheme != "sazd-naive":
+        _require(t.optimizer in LINEAR_OPTIMIZERS,
+                 f"train.optimizer: got {t.optimizer!r} for scheme {cfg.scheme}; coded conv layers need a "
+                 "linear optimizer (sgd with momentum/nesterov/weight_decay) so that the coded weight "
+                 "copies stay consistent")
+    _require(s.factor >= 1.0 or s.model == "none",
+             f"stragglers.factor: got {s.factor}, expected >= 1 (a slowdown factor)")
+    _require(s.count >= 1, f"stragglers.count: got {s.count}, expected >= 1")
+    _require(s.shape > 1.0, f"stragglers.shape: got {s.shape}, expected a Pareto shape > 1")
+    if s.model == "fixed":
+        _require(len(s.ranks) > 0, "stragglers.ranks: model fixed needs at least one worker rank")
+    if cfg.is_mpi:
+        for r in s.ranks:
+            _require(1 <= r <= c.n, f"stragglers.ranks: got rank {r}, expected worker ranks 1..{c.n}")
+        _require(s.count <= c.n, f"stragglers.count: got {s.count}, expected <= n = {c.n}")
+    _require(cfg.comm.timeout_s > 0, f"comm.timeout_s: got {cfg.comm.timeout_s}, expected a positive number")
+    _require(cfg.comm.threads >= 0, f"comm.threads: got {cfg.comm.threads}, expected >= 0 (0 = automatic)")
+    if m.channels is not None:
+        _require(len(m.channels) > 0 and all(x > 0 for x in m.channels),
+                 f"model.channels: got {m.channels}, expected a list of positive channel counts")
+    if m.fc is not None:
+        _require(all(x > 0 for x in m.fc), f"model.fc: got {m.fc}, expected a list of positive widths")
+    if m.dropout is not None:
+        _require(0 <= m.dropout < 1, f"model.dropout: got {m.dropout}, expected 0 <= dropout < 1")
+    if m.input_size is not None:
+        _require(m.input_size >= 4, f"model.input_size: got {m.input_size}, expected >= 4")
+    syn = d.synthetic
+    for key in ("channels", "height", "width", "classes", "train_size", "test_size"):
+        value = getattr(syn, key)
+        _require(value > 0, f"data.synthetic.{key}: got {value}, expected a positive integer")
+    _require(syn.classes >= 2, f"data.synthetic.classes: got {syn.classes}, expected >= 2")
+    if d.dataset in FILE_DATASETS:
+        _require(d.root is not None, f"data.root: dataset {d.dataset} needs data.root, the directory of its files")
+        _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
+    elif d.root is not None:
+        _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
+    if cfg.is_mpi and world_size is not None:
+        _require(world_size == c.n + 1,
+                 f"world size {world_size} does not fit code.n={c.n}: scheme {cfg.scheme} needs n+1 = "
+                 f"{c.n + 1} ranks (1 server + {c.n} workers); launch with mpiexec -n {c.n + 1} or set code.n={world_size - 1}")
+    if cfg.scheme == "reference" and world_size is not None:
+        _require(world_size == 1, f"world size {world_size}: scheme reference runs in one process, not under mpiexec -n {world_size}")
+    if cfg.device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "device: got 'cuda' but torch sees no CUDA device; use cpu or auto")
+    return cfg
+
+
+# ---------------------------------------------------------------- loading
+
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = (),
+                world_size: Optional[int] = None) -> Config:
+    """Load a YAML experiment, apply `key=value` overrides and validate it."""
+    tree: dict = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} does not exist")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path!r}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path!r}: expected a mapping of keys at the top level")
+        tree = loaded
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    cfg = _build(Config, tree)
+    return validate(cfg, world_size=world_size)
+
+
+def dump_config(cfg: Config) -> str:
+    """Return the resolved configuration as YAML text."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,55 @@
+"""Load a configured dataset by name, resized to the model's input."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from psframework.data.base import Dataset, DatasetError, resize, standardize, to_tensor_pair
+from psframework.data.cifar import load_cifar10
+from psframework.data.idx import load_mnist_like
+from psframework.data.synthetic import make_synthetic
+
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 20231
+
+
+def load_digits_arrays() -> tuple:
+    """Return scikit-learn's bundled 8x8 digits as a fixed 80/20 train/test split."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32)[:, None] / 16.0
+    labels = bunch.target.astype(np.int64)
+    order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
+    n_test = int(round(DIGITS_TEST_FRACTION * len(labels)))
+    test, train = order[:n_test], order[n_test:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
+    """Return the dataset of a `data` config section, images resized to input_size."""
+    name = data_cfg.dataset
+    if name == "digits":
+        arrays = load_digits_arrays()
+        classes = 10
+    elif name in ("mnist", "fashion-mnist"):
+        arrays = load_mnist_like(data_cfg.root)
+        classes = 10
+    elif name == "cifar10":
+        arrays = load_cifar10(data_cfg.root)
+        classes = 10
+    elif name == "synthetic":
+        s = data_cfg.synthetic
+        arrays = make_synthetic(s.channels, s.height, s.width, s.classes, s.train_size, s.test_size,
+                                seed=data_cfg.seed, noise=s.noise)
+        classes = s.classes
+    else:
+        raise DatasetError(f"data.dataset: unknown dataset {name!r}")
+    train = to_tensor_pair(arrays[0], arrays[1])
+    test = to_tensor_pair(arrays[2], arrays[3])
+    if input_size is not None:
+        train, test = resize(train, input_size), resize(test, input_size)
+    standardize(train, test)
+    return Dataset(name=name, train=train, test=test, num_classes=classes)

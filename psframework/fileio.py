@@ -1,0 +1,35 @@
+"""Atomic file writes: results and checkpoints are never half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Callable
+
+
+def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
+    """Write a file through `write(fh)` to a temporary name, then rename it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write text to `path` atomically."""
+    atomic_write(path, lambda fh: fh.write(text))
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")

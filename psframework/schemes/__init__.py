@@ -1,0 +1,16 @@
+"""Training schemes: one module per scheme, holding its server and worker sides."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+
+def get_runner(scheme: str) -> Callable:
+    """Return the `run(cfg, comm=None)` function of a scheme."""
+    if scheme == "reference":
+        from psframework.schemes.reference import run
+        return run
+    raise NotImplementedError(f"scheme {scheme!r} is not available in this version of psframework")
+
+
+__all__ = ["get_runner"]

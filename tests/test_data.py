@@ -1,0 +1,181 @@
+"""Dataset readers on small files written here, and deterministic order and sharding."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from psframework.config import load_config
+from psframework.data import DatasetError, epoch_order, iterate_batches, load_dataset, shard
+from psframework.data.cifar import load_cifar10, read_batch
+from psframework.data.idx import MNIST_FILES, load_mnist_like, read_idx
+from psframework.data.loader import shard_bounds
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_mnist(root, n_train=20, n_test=8, compress=False, rng=None):
+    rng = rng or np.random.default_rng(0)
+    arrays = {
+        "train_images": rng.integers(0, 256, (n_train, 28, 28)),
+        "train_labels": rng.integers(0, 10, n_train),
+        "test_images": rng.integers(0, 256, (n_test, 28, 28)),
+        "test_labels": rng.integers(0, 10, n_test),
+    }
+    for key, stem in MNIST_FILES.items():
+        data = idx_bytes(arrays[key])
+        if compress:
+            (root / (stem + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (root / stem).write_bytes(data)
+    return arrays
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_idx_round_trip(tmp_path, compress):
+    arrays = write_mnist(tmp_path, compress=compress)
+    train_x, train_y, test_x, test_y = load_mnist_like(str(tmp_path))
+    assert train_x.shape == (20, 1, 28, 28) and test_x.shape == (8, 1, 28, 28)
+    np.testing.assert_array_equal(train_x[:, 0], arrays["train_images"])
+    np.testing.assert_array_equal(test_y, arrays["test_labels"])
+
+
+def test_idx_errors_name_the_file(tmp_path):
+    write_mnist(tmp_path)
+    path = tmp_path / MNIST_FILES["train_images"]
+    good = path.read_bytes()
+    path.write_bytes(good[:-10])
+    with pytest.raises(DatasetError, match=r"train-images-idx3-ubyte: truncated"):
+        load_mnist_like(str(tmp_path))
+    path.write_bytes(b"\x12\x34" + good[2:])
+    with pytest.raises(DatasetError, match=r"train-images-idx3-ubyte: bad magic number"):
+        load_mnist_like(str(tmp_path))
+    path.write_bytes(good + b"xx")
+    with pytest.raises(DatasetError, match="trailing bytes"):
+        load_mnist_like(str(tmp_path))
+    path.write_bytes(good[:6])
+    with pytest.raises(DatasetError, match="truncated header"):
+        read_idx(str(path))
+    path.unlink()
+    with pytest.raises(DatasetError, match=r"missing file .*train-images-idx3-ubyte\[\.gz\]"):
+        load_mnist_like(str(tmp_path))
+    bad_gz = tmp_path / (MNIST_FILES["train_images"] + ".gz")
+    bad_gz.write_bytes(gzip.compress(good)[:40])
+    with pytest.raises(DatasetError, match="corrupt file"):
+        load_mnist_like(str(tmp_path))
+
+
+def test_idx_label_count_mismatch(tmp_path):
+    write_mnist(tmp_path)
+    (tmp_path / MNIST_FILES["train_labels"]).write_bytes(idx_bytes(np.zeros(5, dtype=np.uint8)))
+    with pytest.raises(DatasetError, match="20 images but 5 labels"):
+        load_mnist_like(str(tmp_path))
+
+
+def write_cifar(root, per_batch=6):
+    rng = np.random.default_rng(1)
+    directory = root / "cifar-10-batches-py"
+    directory.mkdir()
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {b"data": rng.integers(0, 256, (per_batch, 3072)).astype(np.uint8),
+                 b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]}
+        (directory / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return directory
+
+
+def test_cifar_round_trip(tmp_path):
+    directory = write_cifar(tmp_path)
+    train_x, train_y, test_x, test_y = load_cifar10(str(tmp_path))
+    assert train_x.shape == (30, 3, 32, 32) and train_y.shape == (30,)
+    assert test_x.shape == (6, 3, 32, 32)
+    first = pickle.loads((directory / "data_batch_1").read_bytes())
+    np.testing.assert_array_equal(train_x[:6].reshape(6, -1), first[b"data"])
+    # The directory of the batches itself is accepted as data.root too.
+    assert load_cifar10(str(directory))[0].shape == (30, 3, 32, 32)
+
+
+def test_cifar_errors(tmp_path):
+    directory = write_cifar(tmp_path)
+    path = directory / "data_batch_3"
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(DatasetError, match="data_batch_3: cannot unpickle"):
+        load_cifar10(str(tmp_path))
+    path.write_bytes(pickle.dumps({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}))
+    with pytest.raises(DatasetError, match=r"expected uint8 \(N, 3072\)"):
+        read_batch(str(path))
+    path.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(DatasetError, match="holds list"):
+        read_batch(str(path))
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("never runs",))
+
+    path.write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(DatasetError, match="refusing to load builtins.print"):
+        read_batch(str(path))
+    (directory / "test_batch").unlink()
+    path.write_bytes(good)
+    with pytest.raises(DatasetError, match="missing file .*test_batch"):
+        load_cifar10(str(tmp_path))
+
+
+def test_file_datasets_through_the_config(tmp_path):
+    write_mnist(tmp_path)
+    cfg = load_config(None, ["data.dataset=fashion-mnist", f"data.root={tmp_path}"])
+    data = load_dataset(cfg.data, input_size=32)
+    assert data.image_shape == (1, 32, 32) and len(data.train) == 20 and data.num_classes == 10
+    assert abs(float(data.train.images.mean())) < 1e-4
+
+
+def test_digits_split_is_fixed_and_standardised():
+    cfg = load_config(None)
+    a = load_dataset(cfg.data, 28)
+    b = load_dataset(load_config(None, ["data.seed=5"]).data, 28)
+    assert len(a.train) + len(a.test) == 1797 and len(a.test) == 359
+    assert a.image_shape == (1, 28, 28)
+    assert (a.test.labels == b.test.labels).all()
+
+
+def test_synthetic_is_seeded_and_class_conditional():
+    over = ["data.dataset=synthetic", "data.synthetic.train_size=300", "data.synthetic.test_size=50",
+            "data.synthetic.height=16", "data.synthetic.width=12", "data.synthetic.noise=0.5"]
+    a = load_dataset(load_config(None, over).data)
+    b = load_dataset(load_config(None, over).data)
+    c = load_dataset(load_config(None, over + ["data.seed=1"]).data)
+    assert a.image_shape == (3, 16, 12)
+    assert (a.train.images == b.train.images).all()
+    assert not (a.train.images == c.train.images).all()
+    # Nearest class mean separates the classes: the labels carry signal.
+    x, y = a.train.images.reshape(300, -1), a.train.labels
+    means = np.stack([x[y == c].mean(0).numpy() for c in range(10)])
+    pred = ((x.numpy()[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (pred == y.numpy()).mean() > 0.9
+
+
+def test_epoch_order_and_sharding_are_deterministic():
+    assert (epoch_order(100, 3, 0) == epoch_order(100, 3, 0)).all()
+    assert not (epoch_order(100, 3, 0) == epoch_order(100, 3, 1)).all()
+    assert not (epoch_order(100, 3, 0) == epoch_order(100, 4, 0)).all()
+    batches = list(iterate_batches(100, 16, seed=3, epoch=0))
+    assert len(batches) == 6 and all(len(b) == 16 for b in batches)
+    assert len(list(iterate_batches(100, 16, seed=3, epoch=0, drop_last=False))) == 7
+    rest = list(iterate_batches(100, 16, seed=3, epoch=0, start=4))
+    assert all((x == y).all() for x, y in zip(rest, batches[4:]))
+    batch = batches[0]
+    for n in (1, 3, 4, 5):
+        parts = [shard(batch, w, n) for w in range(n)]
+        assert (np.concatenate(parts) == batch).all()
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert shard_bounds(10, 4) == [0, 3, 6, 8, 10]
+    with pytest.raises(ValueError, match="worker 4 out of range for n=4"):
+        shard(batch, 4, 4)
