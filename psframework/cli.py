@@ -9,12 +9,13 @@ from typing import List, Optional, Sequence
 
 from psframework import __version__
 from psframework.config import ConfigError, dump_config, load_config
-from psframework.data import DatasetError
+from psframework.data import DatasetError, dataset_shape
 
 EXIT_USAGE = 2
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
+    "stragglers": "psframework.bench.stragglers",
 }
 
 
@@ -79,7 +80,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     from psframework.models import build_model, model_summary
     from psframework.models.split import input_size_of
 
-    in_channels, classes = _dataset_shape(cfg)
+    in_channels, classes = dataset_shape(cfg.data)
     try:
         model = build_model(cfg.model, in_channels, classes)
     except ValueError as exc:
@@ -97,16 +98,6 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     print(f"conv stack {conv:,} parameters ({100 * conv / total:.1f}%), head {head:,} ({100 * head / total:.1f}%), "
           f"total {total:,}; feature map {'x'.join(map(str, model.feature_shape))} per sample")
     return 0
-
-
-def _dataset_shape(cfg) -> tuple:
-    """Return (input channels, classes) of the configured dataset without loading it."""
-    d = cfg.data
-    if d.dataset == "synthetic":
-        return d.synthetic.channels, d.synthetic.classes
-    if d.dataset == "cifar10":
-        return 3, 10
-    return 1, 10
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -71,6 +71,9 @@ class TrainConfig:
     head_lr: Optional[float] = None
     seed: int = 0
     eval_every: int = 0
+    verify_every: int = 0
+    checkpoint_every: int = 0
+    resume: Optional[str] = None
 
 
 @dataclass
@@ -80,6 +83,7 @@ class CodeConfig:
     systematic: bool = True
     symbol_channels: int = 1
     nodes: Literal["chebyshev", "equispaced", "integers"] = "chebyshev"
+    subsets: Literal["first", "rotate"] = "first"
 
 
 @dataclass
@@ -260,6 +264,11 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
     _require(not t.nesterov or t.momentum > 0, "train.nesterov: true needs train.momentum > 0")
     _require(t.weight_decay >= 0, f"train.weight_decay: got {t.weight_decay}, expected >= 0")
     _require(t.eval_every >= 0, f"train.eval_every: got {t.eval_every}, expected >= 0 (0 = every epoch)")
+    _require(t.verify_every >= 0, f"train.verify_every: got {t.verify_every}, expected >= 0 (0 = never)")
+    _require(t.checkpoint_every >= 0,
+             f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
+    if t.resume is not None:
+        _require(os.path.isfile(t.resume), f"train.resume: checkpoint file {t.resume!r} does not exist")
     _require(c.k >= 1, f"code.k: got {c.k}, expected k >= 1")
     _require(c.n >= 1, f"code.n: got {c.n}, expected n >= 1")
     _require(c.k <= c.n, f"code.k: got k={c.k} > n={c.n}, expected k <= n")

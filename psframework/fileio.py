@@ -14,6 +14,10 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> No
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
+        # mkstemp creates the file private (0600); give it the permissions a new file normally gets.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, mode) as fh:
             write(fh)
             fh.flush()

@@ -2,9 +2,9 @@
 
 from psframework.data.base import Dataset, DatasetError, TensorPair
 from psframework.data.loader import batch_indices, epoch_order, iterate_batches, num_batches, shard
-from psframework.data.registry import load_dataset
+from psframework.data.registry import dataset_shape, load_dataset
 
 __all__ = [
     "Dataset", "DatasetError", "TensorPair", "batch_indices", "epoch_order", "iterate_batches",
-    "num_batches", "shard", "load_dataset",
+    "num_batches", "shard", "dataset_shape", "load_dataset",
 ]

@@ -53,3 +53,12 @@ def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
         train, test = resize(train, input_size), resize(test, input_size)
     standardize(train, test)
     return Dataset(name=name, train=train, test=test, num_classes=classes)
+
+
+def dataset_shape(data_cfg) -> tuple:
+    """Return (input channels, classes) of the configured dataset without loading it."""
+    if data_cfg.dataset == "synthetic":
+        return data_cfg.synthetic.channels, data_cfg.synthetic.classes
+    if data_cfg.dataset == "cifar10":
+        return 3, 10
+    return 1, 10

@@ -10,6 +10,12 @@ def get_runner(scheme: str) -> Callable:
     if scheme == "reference":
         from psframework.schemes.reference import run
         return run
+    if scheme in ("sazd", "poly", "uncoded"):
+        from psframework.schemes.coded import run
+        return run
+    if scheme == "sazd-naive":
+        from psframework.schemes.sazd_naive import run
+        return run
     raise NotImplementedError(f"scheme {scheme!r} is not available in this version of psframework")
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: psf bench NAME."""

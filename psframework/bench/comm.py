@@ -1,0 +1,477 @@
+"""psf bench comm: bandwidth of the project's transport next to mpi4py's pingpong, and first-k overhead.
+
+Run under MPI with 2 or more ranks: ``mpiexec -n 2 python -m mpi4py -m psframework bench comm``.
+Rank 0 is the server and rank 1 the worker for the bandwidth tables; the first-k table uses every
+worker. Raw pingpong (mpi4py.bench.pingpong, called in-process) and transport measurements are
+interleaved, repeated, and reported as medians so that drifts of the machine hit both alike.
+Writes comm.md and comm.json (atomically) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from psframework.fileio import atomic_write_json, atomic_write_text
+
+KIB, MIB = 1 << 10, 1 << 20
+ACCEPT_FROM = 4 * MIB  # acceptance: >= 80% of mpi4py's pingpong for messages this large and larger
+ACCEPT_RATIO = 0.8
+COMMAND = "mpiexec -n {n} python -m mpi4py -m psframework bench comm"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the benchmark's argument parser."""
+    parser = argparse.ArgumentParser(prog="psf bench comm", description="transport bandwidth vs mpi4py "
+                                     "pingpong, and first-k-of-n overhead; run under mpiexec -n 2 or more")
+    parser.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for comm.md and comm.json")
+    parser.add_argument("--min-size", type=int, default=KIB, help="smallest message in bytes (default 1 KiB)")
+    parser.add_argument("--max-size", type=int, default=64 * MIB, help="largest message in bytes (default 64 MiB)")
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved repetitions per size (median kept)")
+    parser.add_argument("--timeout-s", type=float, default=120.0,
+                        help="transport watchdog during the measurements (as comm.timeout_s in training)")
+    parser.add_argument("--quick", action="store_true", help="few sizes and repetitions: a smoke run")
+    return parser
+
+
+def _iterations(nbytes: int, quick: bool) -> int:
+    """Return timed iterations per measurement: about 512 MiB moved for large messages, at least 10."""
+    if nbytes <= 64 * KIB:
+        n = 200
+    elif nbytes <= MIB:
+        n = 50
+    else:
+        n = max(10, 512 * MIB // nbytes)
+    return max(2, n // 10) if quick else n
+
+
+def raw_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
+    """Return mpi4py.bench pingpong's one-way time for one size (ranks 0 and 1; others only synchronise)."""
+    from mpi4py import bench
+
+    args = ["-q", "-m", str(nbytes), "-n", str(nbytes), "-s", "2", "-l", str(iterations),
+            "--skip-large", "2", "--loop-large", str(iterations), "--skip-huge", "2", "--loop-huge", str(iterations)]
+    (size, mean, _), = bench.pingpong(comm, args, verbose=False)
+    assert size == nbytes
+    return mean
+
+
+def transport_one_way(t: Any, nbytes: int, iterations: int, server_sends: bool, torch_memory: bool = False) -> float:
+    """Return the time per message of nbytes through the transport, each answered by an empty ack.
+
+    The empty ack (a header alone) keeps messages from piling up, as the pingpong's return trip does.
+    Tensors are NumPy-backed (host_empty), as the pingpong's buffers are; torch_memory=True uses
+    torch's own allocator instead.
+    """
+    import torch
+
+    from psframework.comm import Envelope, Kind, Phase
+    from psframework.comm.buffers import host_empty
+
+    rank = t.rank
+    payload = torch.empty(nbytes, dtype=torch.uint8) if torch_memory else host_empty((nbytes,), "uint8")
+    ack = torch.empty(0, dtype=torch.uint8)
+    data_env = Envelope(Kind.COMMAND if server_sends else Kind.REPLY, 0, layer=1, phase=Phase.FORWARD)
+    ack_env = Envelope(Kind.CONTROL, 0, layer=1, phase=Phase.OTHER)
+    sender = 0 if server_sends else 1
+    receiver = 1 - sender
+    t.comm.Barrier()
+    start = 0.0
+    for i in range(iterations + 2):  # two warm-up rounds
+        if i == 2:
+            start = time.perf_counter()
+        data_env, ack_env = data_env.with_iteration(i), ack_env.with_iteration(i)
+        if rank == sender:
+            t.send(receiver, payload, data_env)
+            t.recv(receiver, ack_env, out=ack)
+        elif rank == receiver:
+            t.recv(sender, data_env, out=payload)
+            t.send(sender, ack, ack_env)
+    elapsed = (time.perf_counter() - start) / iterations
+    return elapsed
+
+
+def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
+    """Return half the round trip of a plain MPI Send/Recv pingpong on buffers made as the transport's are."""
+    from mpi4py import MPI
+
+    from psframework.comm.buffers import host_empty
+
+    s_msg, r_msg = host_empty((nbytes,), "uint8").numpy(), host_empty((nbytes,), "uint8").numpy()
+    rank = comm.Get_rank()
+    comm.Barrier()
+    start = 0.0
+    for i in range(iterations + 2):  # two warm-up rounds
+        if i == 2:
+            start = time.perf_counter()
+        if rank == 0:
+            comm.Send([s_msg, MPI.BYTE], 1, 1)
+            comm.Recv([r_msg, MPI.BYTE], 1, 2)
+        elif rank == 1:
+            comm.Recv([r_msg, MPI.BYTE], 0, 1)
+            comm.Send([s_msg, MPI.BYTE], 0, 2)
+    return (time.perf_counter() - start) / iterations / 2
+
+
+def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
+    """Return half the round trip of nbytes there and nbytes back through the transport, as pingpong does."""
+    from psframework.comm import Envelope, Kind, Phase
+    from psframework.comm.buffers import host_empty
+
+    s_msg, r_msg = host_empty((nbytes,), "uint8"), host_empty((nbytes,), "uint8")  # as pingpong: two buffers
+    there = Envelope(Kind.COMMAND, 0, layer=2, phase=Phase.FORWARD)
+    back = Envelope(Kind.REPLY, 0, layer=2, phase=Phase.FORWARD)
+    t.comm.Barrier()
+    start = 0.0
+    for i in range(iterations + 2):  # two warm-up rounds
+        if i == 2:
+            start = time.perf_counter()
+        there, back = there.with_iteration(i), back.with_iteration(i)
+        if t.rank == 0:
+            t.send(1, s_msg, there)
+            t.recv(1, back, out=r_msg)
+        elif t.rank == 1:
+            t.recv(0, there, out=r_msg)
+            t.send(0, s_msg, back)
+    return (time.perf_counter() - start) / iterations / 2
+
+
+def measure_bandwidth(comm: Any, t: Any, sizes: List[int], repeats: int, quick: bool) -> List[Dict[str, Any]]:
+    """Return per size the median one-way times of raw pingpong and both transport directions."""
+    rows = []
+    for nbytes in sizes:
+        iterations = _iterations(nbytes, quick)
+        raw, plain, pp, s2w, w2s = [], [], [], [], []
+        for _ in range(repeats):
+            raw.append(raw_pingpong(comm, nbytes, iterations))
+            plain.append(raw_sendrecv_pingpong(comm, nbytes, iterations))
+            pp.append(transport_pingpong(t, nbytes, iterations))
+            s2w.append(transport_one_way(t, nbytes, iterations, server_sends=True))
+            w2s.append(transport_one_way(t, nbytes, iterations, server_sends=False))
+        samples = {"pingpong": raw, "sendrecv_pingpong": plain, "transport_pingpong": pp,
+                   "server_to_worker": s2w, "worker_to_server": w2s}
+        row: Dict[str, Any] = {"bytes": nbytes, "iterations": iterations, "repeats": repeats}
+        for name, values in samples.items():
+            row[f"{name}_s"] = statistics.median(values)
+            row[f"{name}_MBps"] = nbytes / row[f"{name}_s"] / 1e6
+        # Ratios pair each transport measurement with the pingpong measured just before it, so that
+        # slow spells of a shared machine cancel out; the median over repetitions is kept.
+        for name in ("transport_pingpong", "server_to_worker", "worker_to_server"):
+            row[f"ratio_{name}"] = statistics.median(r / x for r, x in zip(raw, samples[name]))
+        row["ratio_transport_vs_sendrecv"] = statistics.median(r / x for r, x in zip(plain, pp))
+        row["samples_s"] = samples
+        rows.append(row)
+        if comm.Get_rank() == 0:
+            print(f"  {_size(nbytes):>8}  pingpong {row['pingpong_MBps']:9.1f} MB/s  "
+                  f"send/recv {row['sendrecv_pingpong_MBps']:9.1f}  "
+                  f"transport pingpong {row['transport_pingpong_MBps']:9.1f} ({row['ratio_transport_pingpong']:.2f})  "
+                  f"server->worker {row['server_to_worker_MBps']:9.1f} ({row['ratio_server_to_worker']:.2f})  "
+                  f"worker->server {row['worker_to_server_MBps']:9.1f} ({row['ratio_worker_to_server']:.2f})",
+                  flush=True)
+    return rows
+
+
+def measure_memory(comm: Any, t: Any, nbytes: int, repeats: int, quick: bool) -> Dict[str, Any]:
+    """Return server->worker bandwidth of one large size from NumPy-backed and from torch-allocated tensors."""
+    iterations = _iterations(nbytes, quick)
+    numpy_backed, torch_alloc = [], []
+    for _ in range(repeats):
+        numpy_backed.append(transport_one_way(t, nbytes, iterations, server_sends=True))
+        torch_alloc.append(transport_one_way(t, nbytes, iterations, server_sends=True, torch_memory=True))
+    row = {"bytes": nbytes, "numpy_backed_MBps": nbytes / statistics.median(numpy_backed) / 1e6,
+           "torch_allocator_MBps": nbytes / statistics.median(torch_alloc) / 1e6,
+           "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "")}
+    if comm.Get_rank() == 0:
+        print(f"  {_size(nbytes):>8}  NumPy-backed tensors {row['numpy_backed_MBps']:9.1f} MB/s  "
+              f"torch allocator {row['torch_allocator_MBps']:9.1f} MB/s", flush=True)
+    return row
+
+
+def _round(t: Any, mode: str, workers: List[int], buffers: Dict[int, Any], payload: Any, it: int, k: int) -> float:
+    """Run one command/reply round; on the server return the seconds from the commands to the k-th reply."""
+    import torch
+    from mpi4py import MPI
+
+    from psframework.comm import Envelope, Kind, Phase
+
+    cmd = Envelope(Kind.COMMAND, it, layer=2, phase=Phase.FORWARD)
+    rep = Envelope(Kind.REPLY, it, layer=2, phase=Phase.FORWARD)
+    raw_tag = 30000
+    if t.rank == 0:
+        start = time.perf_counter()
+        if mode == "first-k":
+            gather = t.post_gather(workers, rep, buffers)
+        elif mode == "raw":
+            requests = [t.comm.Irecv([buffers[w].numpy(), MPI.BYTE], w, raw_tag) for w in workers]
+        for w in workers:
+            t.isend(w, torch.tensor(it), cmd)
+        if mode == "first-k":
+            gather.wait(k)
+        elif mode == "raw":
+            MPI.Request.Waitall(requests)
+        else:
+            for w in workers:
+                t.recv(w, rep, out=buffers[w])
+        elapsed = time.perf_counter() - start
+        t._sweep_sends()
+        return elapsed
+    t.recv(0, cmd)
+    if mode == "raw":
+        t.comm.Send([payload.numpy(), MPI.BYTE], 0, raw_tag)
+    else:
+        t.send(0, payload, rep)
+    return 0.0
+
+
+def measure_first_k(comm: Any, t: Any, sizes: List[int], repeats: int, quick: bool) -> List[Dict[str, Any]]:
+    """Return per size the median round time of raw receives, plain transport receives and first-k-of-n."""
+    from psframework.comm.buffers import host_empty
+
+    workers = list(range(1, t.size))
+    n = len(workers)
+    modes = [("raw", n), ("plain", n), ("first-k", n)] + ([("first-k", n - 1)] if n > 1 else [])
+    rows, it = [], 0
+    for nbytes in sizes:
+        rounds = max(5, _iterations(nbytes, quick) // 2)
+        buffers = {w: host_empty((nbytes,), "uint8") for w in workers}
+        payload = host_empty((nbytes,), "uint8")
+        payload.fill_(1)
+        samples: Dict[str, List[float]] = {}
+        for _ in range(repeats):
+            for mode, k in modes:
+                name = mode if mode != "first-k" else f"first-{k}-of-{n}"
+                t.comm.Barrier()
+                times = []
+                for _ in range(rounds + 2):
+                    times.append(_round(t, mode, workers, buffers, payload, it, k))
+                    it += 1
+                samples.setdefault(name, []).append(statistics.mean(times[2:]))
+                t.drain(5.0)  # the replies a k < n round left behind
+                t.comm.Barrier()
+        row: Dict[str, Any] = {"bytes": nbytes, "workers": n, "rounds": rounds, "repeats": repeats}
+        for name, values in samples.items():
+            row[f"{name}_s"] = statistics.median(values)
+        if comm.Get_rank() != 0:  # only the server times rounds
+            continue
+        raw, plain, first = row["raw_s"], row["plain_s"], row[f"first-{n}-of-{n}_s"]
+        row["overhead_s"] = first - plain
+        row["overhead_pct"] = 100.0 * (first - plain) / plain
+        row["overhead_vs_raw_s"] = first - raw
+        row["overhead_vs_raw_pct"] = 100.0 * (first - raw) / raw
+        rows.append(row)
+        if True:
+            print(f"  {_size(nbytes):>8}  raw {row['raw_s'] * 1e6:9.1f} us  plain {plain * 1e6:9.1f} us  "
+                  f"first-{n}-of-{n} {first * 1e6:9.1f} us  overhead {row['overhead_pct']:+.1f}% vs plain, "
+                  f"{row['overhead_vs_raw_pct']:+.1f}% vs raw", flush=True)
+    return rows
+
+
+def _quiet_barrier(comm: Any) -> None:
+    """Synchronise, sleeping between checks instead of spinning on a core."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.02)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= MIB and nbytes % MIB == 0:
+        return f"{nbytes // MIB} MiB"
+    if nbytes >= KIB and nbytes % KIB == 0:
+        return f"{nbytes // KIB} KiB"
+    return f"{nbytes} B"
+
+
+def machine_info(comm: Any) -> Dict[str, Any]:
+    """Return what the figures were measured on."""
+    import mpi4py
+    import torch
+    from mpi4py import MPI
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+            "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
+            "mpi4py": mpi4py.__version__, "torch": torch.__version__, "python": platform.python_version(),
+            "world_size": comm.Get_size(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+RATIOS = ("transport_pingpong", "server_to_worker", "worker_to_server")
+
+
+def acceptance(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Return whether the transport reaches 80% of pingpong bandwidth from 4 MiB up, in every measurement."""
+    large = [r for r in rows if r["bytes"] >= ACCEPT_FROM]
+    worst = min((r[f"ratio_{name}"] for r in large for name in RATIOS), default=None)
+    worst_plain = min((r["ratio_transport_vs_sendrecv"] for r in large), default=None)
+    return {"criterion": f"transport >= {ACCEPT_RATIO:.0%} of mpi4py pingpong bandwidth for messages >= 4 MiB "
+                         "(transport pingpong, server -> worker and worker -> server alike)",
+            "sizes_checked": [r["bytes"] for r in large], "worst_ratio": worst,
+            "passed": None if worst is None else worst >= ACCEPT_RATIO,
+            "worst_ratio_transport_vs_sendrecv": worst_plain}
+
+
+def render_markdown(report: Dict[str, Any]) -> str:
+    """Return the benchmark report as Markdown."""
+    m, acc = report["machine"], report["acceptance"]
+    lines = ["# Communication benchmark", "",
+             "Bandwidth of the psframework transport (enveloped messages: a 128-byte header, then the payload, "
+             "torch CPU tensors as zero-copy NumPy views) next to `python -m mpi4py.bench pingpong` measured in "
+             "the same run, and the cost of first-k-of-n receives over plain receives. Medians over "
+             f"{report['repeats']} interleaved repetitions. The transport ran with its watchdog on "
+             f"(timeout {report['timeout_s']:g} s), as in training.", "",
+             "## Machine", "",
+             f"- host: {m['host']}, CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
+             f"- MPI: {m['mpi_library']}, mpi4py {m['mpi4py']}, torch {m['torch']}, Python {m['python']}",
+             f"- MPI processes: {m['world_size']} (rank 0 server, ranks 1..{m['world_size'] - 1} workers), "
+             f"measured {m['date']}"
+             + ("; more processes than cores: idle and waiting ranks share cores with working ones, which "
+                "perturbs every figure, the bandwidth ones included (measure bandwidth with at most one process "
+                "per core)" if m["world_size"] > (m["cores"] or 1) else ""), "",
+             "Rerun with:", "", "```", report["command"], "```", "",
+             "## Bandwidth (MB/s, 1 MB = 10^6 bytes)", "",
+             "mpi4py pingpong: `mpi4py.bench.pingpong` called in-process, its one-way time (half a round trip "
+             "of two equal messages, separate send and receive buffers). Send/Recv pingpong: the same exchange "
+             "in plain MPI on buffers made as the transport's are (NumPy-backed tensors), a second reference. "
+             "Transport pingpong: the same exchange through the transport. Server -> worker and worker -> server: "
+             "one message through the transport, answered by an empty acknowledgement (a header alone); their "
+             "working set is half the pingpong's, "
+             "which favours them where the messages fit in cache. Ratio: transport over mpi4py pingpong "
+             "bandwidth, each transport measurement paired with the pingpong measured just before it, median "
+             "over the repetitions (so that slow spells of the machine hit both sides of a pair).", "",
+             "| size | mpi4py pingpong | Send/Recv pingpong | transport pingpong | ratio | vs Send/Recv "
+             "| server -> worker | ratio | worker -> server | ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["bandwidth"]:
+        lines.append(f"| {_size(r['bytes'])} | {r['pingpong_MBps']:.1f} | {r['sendrecv_pingpong_MBps']:.1f} | "
+                     f"{r['transport_pingpong_MBps']:.1f} | {r['ratio_transport_pingpong']:.2f} | "
+                     f"{r['ratio_transport_vs_sendrecv']:.2f} | {r['server_to_worker_MBps']:.1f} | "
+                     f"{r['ratio_server_to_worker']:.2f} | {r['worker_to_server_MBps']:.1f} | "
+                     f"{r['ratio_worker_to_server']:.2f} |")
+    small = report["bandwidth"][0]
+    lines += ["", f"The smallest messages show the transport's fixed cost: {_size(small['bytes'])} takes "
+              f"{small['transport_pingpong_s'] * 1e6:.1f} us one way through the transport against "
+              f"{small['pingpong_s'] * 1e6:.1f} us for mpi4py's pingpong (two MPI messages per message, a header "
+              "built and checked in Python). Large messages are dominated by the copy itself."]
+    verdict = {True: "met", False: "NOT met", None: "not measured (no size >= 4 MiB)"}[acc["passed"]]
+    worst = "" if acc["worst_ratio"] is None else (
+        f" (worst ratio {acc['worst_ratio']:.2f}; transport pingpong against the Send/Recv pingpong: worst "
+        f"{acc['worst_ratio_transport_vs_sendrecv']:.2f})")
+    lines += ["", f"Acceptance, {acc['criterion']}: **{verdict}**{worst}.", ""]
+    mem = report["memory"]
+    thp = mem["THP_MEM_ALLOC_ENABLE"] or "unset"
+    lines += ["## Where the tensor memory comes from", "",
+              "Server -> worker bandwidth through the transport for the largest size, from tensors backed by "
+              "NumPy memory (`psframework.comm.buffers.host_empty`, which the tables above use, as mpi4py's "
+              "pingpong uses NumPy arrays) and from tensors of torch's own allocator "
+              f"(THP_MEM_ALLOC_ENABLE={thp}). NumPy asks Linux for transparent huge pages on large arrays; "
+              "torch does so only with THP_MEM_ALLOC_ENABLE=1, which `hpc/psf-mpirun` and the `jobs/` "
+              "templates export.", "",
+              "| size | NumPy-backed tensors | torch allocator |", "|---:|---:|---:|",
+              f"| {_size(mem['bytes'])} | {mem['numpy_backed_MBps']:.1f} | {mem['torch_allocator_MBps']:.1f} |", ""]
+    fk = report["first_k"]
+    if fk:
+        n = fk[0]["workers"]
+        names = [key[:-2] for key in fk[0] if key.endswith("_s") and not key.startswith("overhead")]
+        lines += ["## First-k-of-n overhead", "",
+                  f"One round: the server sends a small command to each of the {n} workers and receives one reply "
+                  "of the given size from each. raw: MPI Irecv/Waitall without envelopes; plain: the transport's "
+                  f"blocking receives in rank order; first-{n}-of-{n}: pre-posted receives and a wait for all "
+                  "replies, the same work as plain; the overheads compare it with plain and with raw. Plain "
+                  "receives take the replies one after the other, raw and first-k take them as they come, "
+                  "concurrently"
+                  + (f"; first-{n - 1}-of-{n} stops at the first {n - 1} replies." if n > 1 else "."), "",
+                  "| size | " + " | ".join(f"{name} (us)" for name in names)
+                  + " | overhead vs plain | overhead vs raw |",
+                  "|---:|" + "---:|" * (len(names) + 2)]
+        for r in fk:
+            cells = " | ".join(f"{r[name + '_s'] * 1e6:.1f}" for name in names)
+            lines.append(f"| {_size(r['bytes'])} | {cells} | {r['overhead_s'] * 1e6:+.1f} us "
+                         f"({r['overhead_pct']:+.1f}%) | {r['overhead_vs_raw_s'] * 1e6:+.1f} us "
+                         f"({r['overhead_vs_raw_pct']:+.1f}%) |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark; return 0, or 2 when it is not run under MPI with at least 2 ranks."""
+    args = build_parser().parse_args(argv)
+    if args.min_size < 1 or args.max_size < args.min_size:
+        print(f"psf bench comm: --min-size {args.min_size} / --max-size {args.max_size}: expected "
+              "1 <= min-size <= max-size", file=sys.stderr)
+        return 2
+    if args.repeats < 1:
+        print(f"psf bench comm: --repeats {args.repeats}: expected >= 1", file=sys.stderr)
+        return 2
+    from mpi4py import MPI
+
+    from psframework.comm import Transport
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        print(f"psf bench comm: needs at least 2 MPI processes, got {comm.Get_size()}; run: "
+              f"{COMMAND.format(n=2)}", file=sys.stderr)
+        return 2
+    sizes = []
+    size = 1
+    while size <= args.max_size:
+        if size >= args.min_size:
+            sizes.append(size)
+        size *= 2
+    repeats = min(args.repeats, 2) if args.quick else args.repeats
+    if args.quick:
+        sizes = [s for s in sizes if s <= 256 * KIB] or sizes[:1]
+    rank = comm.Get_rank()
+    if rank == 0:
+        print(f"psf bench comm: {comm.Get_size()} processes, sizes {_size(sizes[0])}..{_size(sizes[-1])}, "
+              f"{repeats} repetitions", flush=True)
+        print("bandwidth (ranks 0 and 1):", flush=True)
+    # Bandwidth runs on ranks 0 and 1 alone; the others wait without spinning so as not to steal cores.
+    pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+    bandwidth: List[Dict[str, Any]] = []
+    memory: Dict[str, Any] = {}
+    if pair != MPI.COMM_NULL:
+        t = Transport(pair, cuda_aware="false", timeout_s=args.timeout_s)
+        bandwidth = measure_bandwidth(pair, t, sizes, repeats, args.quick)
+        if rank == 0:
+            print("memory:", flush=True)
+        memory = measure_memory(pair, t, sizes[-1], repeats, args.quick)
+        t.close(5.0)
+        pair.Free()
+    _quiet_barrier(comm)
+    t = Transport(comm, cuda_aware="false", timeout_s=args.timeout_s)
+    fk_sizes = [s for s in (KIB, 64 * KIB, MIB, 8 * MIB) if sizes[0] <= s <= sizes[-1]] or [sizes[0]]
+    if rank == 0:
+        print(f"first-k-of-n ({comm.Get_size() - 1} workers):", flush=True)
+    first_k = measure_first_k(comm, t, fk_sizes, repeats, args.quick)
+    t.close(5.0)
+    if rank == 0:
+        extra = "" if argv is None else " ".join(argv)
+        report = {"command": (COMMAND.format(n=comm.Get_size()) + " " + extra).strip(),
+                  "machine": machine_info(comm), "repeats": repeats, "timeout_s": args.timeout_s,
+                  "bandwidth": bandwidth, "memory": memory, "first_k": first_k, "acceptance": acceptance(bandwidth)}
+        atomic_write_json(os.path.join(args.out, "comm.json"), report)
+        atomic_write_text(os.path.join(args.out, "comm.md"), render_markdown(report))
+        acc = report["acceptance"]
+        print(f"acceptance ({acc['criterion']}): "
+              f"{ {True: 'met', False: 'NOT met', None: 'not measured'}[acc['passed']] }"
+              + ("" if acc["worst_ratio"] is None else f", worst ratio {acc['worst_ratio']:.2f}"), flush=True)
+        print(f"wrote {os.path.join(args.out, 'comm.md')} and comm.json", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

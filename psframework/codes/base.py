@@ -1,0 +1,169 @@
+"""The interface every erasure code of the project shares, and the checks of its inputs."""
+
+from __future__ import annotations
+
+import operator
+from abc import ABC, abstractmethod
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from psframework.codes.xp import Backend, common_backend
+
+Packets = Union[Mapping[int, Any], Iterable[Tuple[int, Any]]]
+
+
+def check_int(value: Any, name: str, minimum: int) -> int:
+    """Return `value` as an int; raise ValueError unless it is an integer >= `minimum`."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
+    return number
+
+
+def check_axis(axis: Any, ndim: int) -> int:
+    """Return `axis` normalised to 0..ndim-1; raise ValueError when it is out of range."""
+    if isinstance(axis, bool):
+        raise ValueError(f"axis must be an integer, got {axis!r}")
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise ValueError(f"axis must be an integer, got {axis!r}") from None
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {ndim}-dimensional arrays "
+                         f"(expected {-ndim} <= axis < {ndim})")
+    return axis % ndim
+
+
+class Code(ABC):
+    """An (n, k) erasure code over tensors: k equal blocks in, n packets out, any k packets back to the blocks.
+
+    Blocks and packets are cut along one `axis`; `symbol_size` elements along it make one symbol, the
+    unit by which shift-and-addition codes shift. Encoding is linear, so the same code applies to
+    weights and to the activations computed from coded weights.
+    """
+
+    n: int
+    k: int
+
+    @property
+    def padding(self) -> int:
+        """Return how many symbols longer than a block each packet is."""
+        return 0
+
+    def packet_length(self, block_length: int, symbol_size: int = 1) -> int:
+        """Return the length along the axis of one packet coding blocks of `block_length` elements."""
+        symbols = self._symbols(block_length, symbol_size)
+        return (symbols + self.padding) * symbol_size
+
+    def block_length(self, packet_length: int, symbol_size: int = 1) -> int:
+        """Return the length along the axis of the blocks coded in packets of `packet_length` elements."""
+        packet_length = check_int(packet_length, "packet length", 1)
+        symbol_size = check_int(symbol_size, "symbol_size", 1)
+        if packet_length % symbol_size:
+            raise ValueError(f"packet length {packet_length} is not a multiple of symbol_size {symbol_size}")
+        symbols = packet_length // symbol_size - self.padding
+        if symbols < 1:
+            raise ValueError(f"packet length {packet_length} is too short: packets of this code are "
+                             f"{self.padding} symbols of {symbol_size} longer than a non-empty block")
+        return symbols * symbol_size
+
+    def choose_packets(self, available: Iterable[int]) -> Tuple[int, ...]:
+        """Return the k packet indices that `decode` uses when the packets in `available` have arrived."""
+        indices = sorted(self._check_indices(available))
+        if len(indices) < self.k:
+            raise ValueError(f"too few packets: got {len(indices)} ({indices}), need at least k={self.k}")
+        return tuple(self._preferred(indices)[: self.k])
+
+    def _preferred(self, indices: List[int]) -> List[int]:
+        """Return arrived packet indices, best first (default: lowest index first)."""
+        return indices
+
+    @abstractmethod
+    def encode(self, blocks: Sequence[Any], axis: int = 0, symbol_size: int = 1) -> List[Any]:
+        """Encode k equally shaped blocks into n packets along `axis`."""
+
+    @abstractmethod
+    def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1) -> List[Any]:
+        """Decode the k blocks from at least k packets given as {packet index: array}."""
+
+    def decode_joined(self, packets: Packets, axis: int = 0, symbol_size: int = 1,
+                      length: Optional[int] = None) -> Any:
+        """Decode and return the blocks joined along `axis`, cut to `length` elements when given."""
+        from psframework.codes.layout import join_blocks
+
+        return join_blocks(self.decode(packets, axis, symbol_size), axis=axis, length=length)
+
+    # --- input checks shared by the codes ---
+
+    def _symbols(self, block_length: int, symbol_size: int) -> int:
+        block_length = check_int(block_length, "block length", 1)
+        symbol_size = check_int(symbol_size, "symbol_size", 1)
+        if block_length % symbol_size:
+            raise ValueError(f"block length {block_length} along the axis is not a multiple of symbol_size "
+                             f"{symbol_size}")
+        return block_length // symbol_size
+
+    def _check_blocks(self, blocks: Sequence[Any], axis: int, symbol_size: int) -> Tuple[Backend, List[Any], int, int]:
+        """Validate blocks; return (backend, blocks, normalised axis, symbols per block)."""
+        if not isinstance(blocks, (list, tuple)):
+            raise ValueError(f"blocks must be a list or tuple of {self.k} arrays, got {type(blocks).__name__}")
+        if len(blocks) != self.k:
+            raise ValueError(f"expected k={self.k} blocks, got {len(blocks)}")
+        backend = common_backend(blocks, "block", list(range(self.k)))
+        blocks = [backend.prepare(b) for b in blocks]
+        ndim = len(blocks[0].shape)
+        if ndim == 0:
+            raise ValueError("blocks must have at least one dimension, got 0-dimensional arrays")
+        axis = check_axis(axis, ndim)
+        symbols = self._symbols(blocks[0].shape[axis], symbol_size)
+        return backend, blocks, axis, symbols
+
+    def _check_indices(self, indices: Iterable[Any]) -> List[int]:
+        seen: List[int] = []
+        for raw in indices:
+            if isinstance(raw, bool):
+                raise ValueError(f"unknown packet index {raw!r}: expected an integer in 0..{self.n - 1}")
+            try:
+                index = operator.index(raw)
+            except TypeError:
+                raise ValueError(f"unknown packet index {raw!r}: expected an integer in 0..{self.n - 1}") from None
+            if not 0 <= index < self.n:
+                raise ValueError(f"unknown packet index {index}: expected an integer in 0..{self.n - 1}")
+            if index in seen:
+                raise ValueError(f"duplicate packet index {index}")
+            seen.append(index)
+        return seen
+
+    def _check_packets(self, packets: Packets, axis: int, symbol_size: int
+                       ) -> Tuple[Backend, Dict[int, Any], int, int]:
+        """Validate packets; return (backend, {index: array}, normalised axis, symbols per block)."""
+        pairs = list(packets.items()) if isinstance(packets, Mapping) else list(packets)
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ValueError(f"packets must map packet index -> array (a dict or (index, array) pairs), "
+                                 f"got an item {type(pair).__name__}")
+        indices = self._check_indices(i for i, _ in pairs)
+        if len(indices) < self.k:
+            raise ValueError(f"too few packets: got {len(indices)} ({sorted(indices)}), need at least k={self.k}")
+        arrays = [a for _, a in pairs]
+        backend = common_backend(arrays, "packet", indices)
+        ndim = len(arrays[0].shape)
+        if ndim == 0:
+            raise ValueError("packets must have at least one dimension, got 0-dimensional arrays")
+        axis = check_axis(axis, ndim)
+        symbol_size = check_int(symbol_size, "symbol_size", 1)
+        length = arrays[0].shape[axis]
+        if length % symbol_size:
+            raise ValueError(f"packet length {length} along axis {axis} is not a multiple of symbol_size {symbol_size}")
+        symbols = length // symbol_size - self.padding
+        if symbols < 1:
+            raise ValueError(f"packet length {length} along axis {axis} is too short: packets of this code are "
+                             f"{self.padding} symbols of {symbol_size} longer than a non-empty block")
+        return backend, {i: backend.prepare(a) for i, a in zip(indices, arrays)}, axis, symbols
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, k={self.k})"

@@ -1,0 +1,179 @@
+"""Shift-and-addition (SA) codes with compiled zigzag decoding (ZD)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from psframework.codes.base import Code, Packets, check_int
+from psframework.codes.xp import axis_index, backend_of
+from psframework.codes.zigzag import BoundSchedule, Schedule, _compile, compile_uncached
+
+_PROGRAMS_KEPT = 1024  # bound decoders kept per code (arrival sets x block lengths x layouts)
+
+
+def systematic_shifts(n: int, k: int) -> np.ndarray:
+    """Return the systematic shift matrix: rows 0..k-1 are the blocks, parity row r shifts block i by r*i."""
+    shifts = np.full((n, k), -1, dtype=np.int64)
+    shifts[np.arange(k), np.arange(k)] = 0
+    for r in range(n - k):
+        shifts[k + r] = r * np.arange(k)
+    return shifts
+
+
+def nonsystematic_shifts(n: int, k: int) -> np.ndarray:
+    """Return the non-systematic shift matrix: packet j shifts block i by i*j."""
+    return np.outer(np.arange(n), np.arange(k)).astype(np.int64)
+
+
+def has_increasing_difference(shifts: np.ndarray) -> bool:
+    """Return whether every two rows' shift differences change strictly monotonically across their common blocks.
+
+    This "increasing difference" property is what makes every choice of k packets zigzag decodable.
+    """
+    shifts = np.asarray(shifts)
+    for a in range(shifts.shape[0]):
+        for b in range(a + 1, shifts.shape[0]):
+            common = (shifts[a] >= 0) & (shifts[b] >= 0)
+            steps = np.diff(shifts[b][common] - shifts[a][common])
+            if steps.size and not (np.all(steps > 0) or np.all(steps < 0)):
+                return False
+    return True
+
+
+class SAZDCode(Code):
+    """An (n, k) shift-and-addition code; any k of its n packets give back the k blocks by zigzag decoding.
+
+    Packet j is the sum of the blocks, block i shifted by `shifts[j, i]` symbols (absent where -1), so
+    every packet is `padding` symbols longer than a block. Decoding only adds and subtracts, so it is
+    exact on integer dtypes (wrap-around arithmetic) and stable on floats for short blocks.
+    """
+
+    def __init__(self, n: int, k: int, systematic: bool = True) -> None:
+        self.k = check_int(k, "k", 1)
+        self.n = check_int(n, "n", 1)
+        if self.n < self.k:
+            raise ValueError(f"n must be >= k, got n={self.n} < k={self.k}")
+        if not isinstance(systematic, (bool, np.bool_)):
+            raise ValueError(f"systematic must be True or False, got {systematic!r}")
+        self.systematic = bool(systematic)
+        shifts = systematic_shifts(self.n, self.k) if self.systematic else nonsystematic_shifts(self.n, self.k)
+        if not has_increasing_difference(shifts):  # holds by construction; checked so a change cannot slip by
+            raise ValueError(f"shift matrix of ({self.n}, {self.k}) lacks the increasing difference property")
+        shifts.setflags(write=False)
+        self.shifts = shifts
+        self._key = tuple(map(tuple, shifts.tolist()))
+        self._padding = int(shifts.max(initial=0))
+        self._programs: "OrderedDict[Tuple[Tuple[int, ...], int, int, int], BoundSchedule]" = OrderedDict()
+
+    @property
+    def padding(self) -> int:
+        return self._padding
+
+    def schedule(self, used: Sequence[int], symbols: int, cache: bool = True) -> Schedule:
+        """Return the zigzag schedule decoding blocks of `symbols` symbols from the packets `used`."""
+        used = tuple(self._check_indices(used))
+        if len(used) != self.k:
+            raise ValueError(f"a schedule uses exactly k={self.k} packets, got {len(used)}")
+        symbols = check_int(symbols, "symbols", 1)
+        return _compile(self._key, used, symbols) if cache else compile_uncached(self._key, used, symbols)
+
+    def program(self, used: Tuple[int, ...], symbols: int, axis: int, symbol_size: int) -> BoundSchedule:
+        """Return the cached, bound decoder for packets `used`, compiling it on first use."""
+        key = (used, symbols, axis, symbol_size)
+        bound = self._programs.get(key)
+        if bound is None:
+            bound = _compile(self._key, used, symbols).bind(axis, symbol_size)
+            self._programs[key] = bound
+            if len(self._programs) > _PROGRAMS_KEPT:
+                self._programs.popitem(last=False)  # the least recently used
+        else:
+            self._programs.move_to_end(key)
+        return bound
+
+    def encode(self, blocks: Sequence[Any], axis: int = 0, symbol_size: int = 1) -> List[Any]:
+        """Return the n packets: packet j = sum over i of block i shifted by shifts[j, i] symbols.
+
+        The packets are contiguous views of one array (one allocation).
+        """
+        backend, blocks, axis, L = self._check_blocks(blocks, axis, symbol_size)
+        s = symbol_size
+        width = (L + self.padding) * s
+        shape = list(blocks[0].shape)
+        shape[axis] = width
+        # One allocation for all packets: large fresh buffers cost page faults, one buffer costs them once.
+        store = backend.empty([self.n] + shape, like=blocks[0])
+        packets = []
+        for j, row in enumerate(self.shifts):
+            terms = sorted((int(row[i]), i) for i in range(self.k) if row[i] >= 0)
+            packet = store[j]
+            first_shift, first = terms[0]
+            start, stop = first_shift * s, (first_shift + L) * s
+            # The first block is copied, the bare ends are zeroed, the rest is added on top.
+            backend.copy(packet[axis_index(axis, start, stop)], blocks[first])
+            if start:
+                backend.fill_zero(packet[axis_index(axis, 0, start)])
+            if stop < width:
+                backend.fill_zero(packet[axis_index(axis, stop, width)])
+            for shift, i in terms[1:]:
+                backend.iadd(packet[axis_index(axis, shift * s, (shift + L) * s)], blocks[i])
+            packets.append(packet)
+        return packets
+
+    def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1, out: Any = None) -> List[Any]:
+        """Return the k blocks, zigzag decoded from k of the given packets (systematic ones first).
+
+        The blocks are views of one array holding them back to back along `axis`; pass that array as
+        `out` (contiguous, same type, dtype and device as the packets) to decode into it again.
+        """
+        backend, arrived, axis, L = self._check_packets(packets, axis, symbol_size)
+        out = self._decode_into(backend, arrived, axis, symbol_size, L, out)
+        step = L * symbol_size
+        return [out[axis_index(axis, i * step, (i + 1) * step)] for i in range(self.k)]
+
+    def decode_joined(self, packets: Packets, axis: int = 0, symbol_size: int = 1, length: Any = None,
+                      out: Any = None) -> Any:
+        """Decode into one array holding the blocks back to back along `axis`, cut to `length` when given.
+
+        `out`, when given, is that array (contiguous) from an earlier decode, reused.
+        """
+        backend, arrived, axis, L = self._check_packets(packets, axis, symbol_size)
+        out = self._decode_into(backend, arrived, axis, symbol_size, L, out)
+        if length is None:
+            return out
+        length = check_int(length, "length", 0)
+        if length > out.shape[axis]:
+            raise ValueError(f"length {length} exceeds the {out.shape[axis]} decoded elements along axis {axis}")
+        return out[axis_index(axis, 0, length)]
+
+    def _decode_into(self, backend: Any, arrived: dict, axis: int, symbol_size: int, L: int, out: Any) -> Any:
+        used = self.choose_packets(arrived)
+        program = self.program(used, L, axis, symbol_size)
+        first = arrived[used[0]]
+        shape = list(first.shape)
+        shape[axis] = self.k * L * symbol_size
+        if out is None:
+            out = backend.empty(shape, like=first)
+        else:
+            self._check_out(backend, out, tuple(shape), first)
+        program.run(backend, [arrived[j] for j in used], out)
+        return out
+
+    @staticmethod
+    def _check_out(backend: Any, out: Any, shape: Tuple[int, ...], like: Any) -> None:
+        other = backend_of(out)
+        if other is not backend:
+            raise ValueError(f"out is a {other.name} array but the packets are {backend.name} arrays")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+        if out.dtype != like.dtype:
+            raise ValueError(f"out has dtype {out.dtype}, expected {like.dtype} like the packets")
+        if backend.device(out) != backend.device(like):
+            raise ValueError(f"out is on device {backend.device(out)}, expected {backend.device(like)}")
+        if not backend.is_contiguous(out):
+            raise ValueError("out must be contiguous, got a strided view")
+
+    def __repr__(self) -> str:
+        return f"SAZDCode(n={self.n}, k={self.k}, systematic={self.systematic})"

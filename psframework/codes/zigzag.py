@@ -1,0 +1,328 @@
+"""Zigzag (peeling) decoding of shift-and-addition codes, compiled into vectorised slice operations.
+
+Which symbol is solved from which packet, and in what order, depends only on the shift matrix, the
+packets used and the block length L (in symbols), never on the data. `compile_schedule` works that
+order out once: it picks, for every symbol, the equation (packet position) with the smallest
+estimated rounding error, then groups the solved symbols into rounds of mutually independent
+solutions. Within a round, consecutive symbols solved from the same packet merge into one slice,
+and a lone symbol's evenly spaced terms are subtracted by one strided sum. The result is a short
+tuple of operations that only copy, add and subtract; it is cached per arrival set and block length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from psframework.codes.xp import Backend, axis_index
+
+# Operation kinds. Offsets and lengths are in symbols; "out" is the decoded buffer, block i of which
+# starts at symbol i * L. Op = (kind, dst, n, slot, src, terms).
+COPY = 0  # out[dst:dst+n] = packet[slot][src:src+n]                     terms: None
+SUB = 1  # out[dst:dst+n] = packet[slot][src:src+n] - out[terms:terms+n]  terms: int
+ISUB = 2  # out[dst:dst+n] -= out[terms:terms+n]                          terms: int
+# One symbol (n == 1) whose terms are few evenly spaced runs, terms = ((start, count, step), ...):
+# out[dst] = packet[slot][src] - sum over the runs of sum(out[start + c*step] for c < count).
+RSUB = 3
+# One symbol whose terms and itself are evenly spaced, terms = (start, count, step) including dst:
+# out[dst] = -packet[slot][src]; then out[dst] = -sum(out[start + c*step] for c < count), one strided sum.
+RNEG = 4
+
+Op = Tuple[int, int, int, int, int, Any]
+
+# Primitive calls the bound schedules are made of, one array operation each: (call, a, b, c).
+_COPY_P = 0  # out[a] = packets[b][c]
+_SUB_PO = 1  # out[a] = packets[b][c] - out[d]       (a, (b, c, d))
+_ISUB_O = 2  # out[a] -= out[b]
+_SUM = 3  # scratch = sum of by_symbol[a] over the axis
+_SUB_PS = 4  # out[a] = packets[b][c] - scratch
+_ISUB_S = 5  # out[a] -= scratch
+_NEG_P = 6  # out[a] = -packets[b][c]
+_NEG_S = 7  # out[a] = -scratch
+
+
+class NotDecodableError(ValueError):
+    """Raised when the chosen packets cannot be zigzag decoded."""
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A compiled zigzag decoder for one set of packets and one block length."""
+
+    used: Tuple[int, ...]  # packet indices, in slot order
+    symbols: int  # L, symbols per block
+    blocks: int  # k
+    ops: Tuple[Op, ...]
+    rounds: int  # peeling rounds (the depth of the dependency chain)
+
+    @property
+    def symbol_ops(self) -> int:
+        """Return how many symbols the operations read from the packets and the decoded buffer."""
+        total = 0
+        for kind, _, n, _, _, terms in self.ops:
+            if kind == RSUB:
+                total += 1 + sum(count for _, count, _ in terms) + len(terms) - 1
+            elif kind == RNEG:
+                total += 1 + terms[1]
+            else:
+                total += n if kind == COPY else 2 * n
+        return total
+
+    def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
+        """Return the schedule as primitive calls whose symbol offsets are index tuples along `axis`."""
+        s = symbol_size
+
+        def span(start: int, n: int = 1) -> Tuple[slice, ...]:
+            return axis_index(axis, start * s, (start + n) * s)
+
+        def strided(start: int, count: int, step: int) -> Tuple[slice, ...]:
+            # indexes the buffer viewed with the axis split into (k*L symbols, s elements)
+            return (slice(None),) * axis + (slice(start, start + (count - 1) * step + 1, step),)
+
+        calls: List[Tuple[int, Any, Any, Any]] = []
+        for kind, dst, n, slot, src, terms in self.ops:
+            if kind == COPY:
+                calls.append((_COPY_P, span(dst, n), slot, span(src, n)))
+            elif kind == SUB:
+                calls.append((_SUB_PO, span(dst, n), slot, (span(src, n), span(terms, n))))
+            elif kind == ISUB:
+                calls.append((_ISUB_O, span(dst, n), span(terms, n), None))
+            elif kind == RNEG:
+                calls += [(_NEG_P, span(dst), slot, span(src)), (_SUM, strided(*terms), None, None),
+                          (_NEG_S, span(dst), None, None)]
+            else:
+                for i, (start, count, step) in enumerate(terms):
+                    if count == 1:  # a single symbol: subtracted directly
+                        calls.append((_SUB_PO, span(dst), slot, (span(src), span(start))) if i == 0
+                                     else (_ISUB_O, span(dst), span(start), None))
+                    else:
+                        calls.append((_SUM, strided(start, count, step), None, None))
+                        calls.append((_SUB_PS, span(dst), slot, span(src)) if i == 0
+                                     else (_ISUB_S, span(dst), None, None))
+        return BoundSchedule(self, axis, symbol_size, tuple(calls))
+
+
+@dataclass(frozen=True, eq=False)
+class BoundSchedule:
+    """A schedule as a flat tuple of primitive calls (call, a, b, c) with ready-made index tuples."""
+
+    schedule: Schedule
+    axis: int
+    symbol_size: int
+    calls: Tuple[Tuple[int, Any, Any, Any], ...]
+
+    def run(self, backend: Backend, packets: Sequence[Any], out: Any) -> None:
+        """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis."""
+        shape = tuple(out.shape)
+        a, s = self.axis, self.symbol_size
+        by_symbol = out.reshape(shape[:a] + (shape[a] // s, s) + shape[a + 1:])
+        scratch = backend.empty(shape[:a] + (s,) + shape[a + 1:], like=out)
+        run_calls(backend, self.calls, packets, out, by_symbol, scratch, a)
+
+
+def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], out: Any,
+              by_symbol: Any, scratch: Any, axis: int) -> None:
+    """Execute bound calls: copies, negations, subtractions and strided sums, one array operation each."""
+    if backend.name == "numpy":
+        subtract, negative, add_reduce, dtype = np.subtract, np.negative, np.add.reduce, out.dtype
+        for call, a, b, c in calls:
+            if call == _SUM:
+                add_reduce(by_symbol[a], axis=axis, dtype=dtype, out=scratch)
+            elif call == _SUB_PS:
+                subtract(packets[b][c], scratch, out=out[a])
+            elif call == _NEG_P:
+                negative(packets[b][c], out=out[a])
+            elif call == _NEG_S:
+                negative(scratch, out=out[a])
+            elif call == _ISUB_O:
+                view = out[a]
+                subtract(view, out[b], out=view)
+            elif call == _SUB_PO:
+                subtract(packets[b][c[0]], out[c[1]], out=out[a])
+            elif call == _ISUB_S:
+                view = out[a]
+                subtract(view, scratch, out=view)
+            else:
+                out[a] = packets[b][c]
+        return
+    sub, isub, neg, copy, total = backend.sub, backend.isub, backend.neg, backend.copy, backend.sum_into
+    for call, a, b, c in calls:
+        if call == _SUM:
+            total(scratch, by_symbol[a], axis)
+        elif call == _SUB_PS:
+            sub(out[a], packets[b][c], scratch)
+        elif call == _NEG_P:
+            neg(out[a], packets[b][c])
+        elif call == _NEG_S:
+            neg(out[a], scratch)
+        elif call == _ISUB_O:
+            isub(out[a], out[b])
+        elif call == _SUB_PO:
+            sub(out[a], packets[b][c[0]], out[c[1]])
+        elif call == _ISUB_S:
+            isub(out[a], scratch)
+        else:
+            copy(out[a], packets[b][c])
+
+
+def compile_schedule(shifts: np.ndarray, used: Sequence[int], symbols: int) -> Schedule:
+    """Return the zigzag schedule that decodes k blocks of `symbols` symbols from packets `used`.
+
+    `shifts` is the n x k shift matrix (-1 where a block is absent from a packet). Raises
+    NotDecodableError when peeling stalls before every symbol is solved.
+    """
+    matrix = np.asarray(shifts, dtype=np.int64)
+    key = tuple(map(tuple, matrix.tolist()))
+    return _compile(key, tuple(int(u) for u in used), int(symbols))
+
+
+def compile_uncached(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L: int) -> Schedule:
+    """Compile a schedule without the cache (what a first decode of a new packet set costs)."""
+    return _compile_impl(shifts, used, L)
+
+
+def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L: int) -> Schedule:
+    T = np.array([shifts[j] for j in used], dtype=np.int64)  # slots x k
+    present = T >= 0
+    block, symbol, slot = _peel(T, L, used)
+    levels = _levels(T, L, block, symbol, slot)
+    ops: List[Op] = []
+    for level in range(1, int(levels.max()) + 1):
+        chosen = levels == level
+        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
+    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
+
+
+_compile = lru_cache(maxsize=4096)(_compile_impl)
+
+
+def _peel(T: np.ndarray, L: int, used: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return which slot solves each symbol, as (block, symbol, slot) arrays in a valid solving order.
+
+    Peeling succeeds or stalls whatever the order, so the order is chosen for accuracy. Each solved
+    symbol gets an error estimate: the estimates of the other terms of its equation plus one rounding
+    per term. The equations with one unknown left whose estimate is smallest are used first (Knuth's
+    generalisation of Dijkstra's algorithm), which gives every symbol its smallest estimate and
+    favours equations with few terms, so also few subtractions.
+    """
+    slots, k = T.shape
+    present = T >= 0
+    width = L + int(T.max(initial=0))  # packet length in symbols
+    # terms[r, t]: how many blocks overlap position t of slot r; unknown[r, t]: how many are unsolved.
+    terms = np.zeros((slots, width), dtype=np.int64)
+    for r in range(slots):
+        for i in np.flatnonzero(present[r]):
+            terms[r, T[r, i]:T[r, i] + L] += 1
+    unknown = terms.copy()
+    known = np.zeros((k, L), dtype=bool)
+    estimate = np.zeros((k, L))
+    blocks = np.arange(k)[None, :]
+    rows_of_block = [np.flatnonzero(present[:, i]) for i in range(k)]
+    solved_block, solved_symbol, solved_slot = [], [], []
+    remaining = k * L
+    while remaining:
+        ripe_r, ripe_t = np.nonzero(unknown == 1)
+        if ripe_r.size == 0:
+            raise NotDecodableError(f"packets {list(used)} cannot be zigzag decoded: peeling stalls with "
+                                    f"{remaining} of {k * L} symbols unsolved")
+        Q = ripe_t[:, None] - T[ripe_r]  # symbol of each block at each ripe position
+        inside = present[ripe_r] & (Q >= 0) & (Q < L)
+        Qc = np.clip(Q, 0, L - 1)
+        unsolved = inside & ~known[blocks, Qc]
+        cost = np.where(inside & ~unsolved, estimate[blocks, Qc], 0.0).sum(axis=1) + terms[ripe_r, ripe_t]
+        best = cost == cost.min()
+        block = np.argmax(unsolved[best], axis=1)
+        symbol = Q[best][np.arange(block.size), block]
+        slot, cost = ripe_r[best], cost[best]
+        order = np.lexsort((slot, symbol, block))  # one equation per symbol: the lowest slot
+        block, symbol, slot, cost = block[order], symbol[order], slot[order], cost[order]
+        first = np.ones(block.size, dtype=bool)
+        first[1:] = (block[1:] != block[:-1]) | (symbol[1:] != symbol[:-1])
+        block, symbol, slot = block[first], symbol[first], slot[first]
+        known[block, symbol] = True
+        estimate[block, symbol] = cost[first]
+        remaining -= block.size
+        for i in np.unique(block):
+            done = symbol[block == i]
+            for r in rows_of_block[i]:
+                np.subtract.at(unknown[r], done + T[r, i], 1)
+        solved_block.append(block)
+        solved_symbol.append(symbol)
+        solved_slot.append(slot)
+    return np.concatenate(solved_block), np.concatenate(solved_symbol), np.concatenate(solved_slot)
+
+
+def _levels(T: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray, slot: np.ndarray) -> np.ndarray:
+    """Return each solved symbol's round: one more than the latest round among its equation's other terms."""
+    k = T.shape[1]
+    level = np.zeros((k, L), dtype=np.int64)
+    levels = np.empty(block.size, dtype=np.int64)
+    present = T >= 0
+    for n, (m, q, r) in enumerate(zip(block.tolist(), symbol.tolist(), slot.tolist())):
+        sources = q + T[r, m] - T[r]
+        inside = present[r] & (sources >= 0) & (sources < L)
+        inside[m] = False
+        deps = level[np.flatnonzero(inside), sources[inside]]
+        levels[n] = level[m, q] = (int(deps.max()) if deps.size else 0) + 1
+    return levels
+
+
+def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray,
+               slot: np.ndarray) -> List[Op]:
+    """Return the operations of one peeling round: one group per run of symbols solved from one packet."""
+    order = np.lexsort((symbol, block, slot))
+    block, symbol, slot = block[order], symbol[order], slot[order]
+    breaks = np.flatnonzero((np.diff(symbol) != 1) | (np.diff(block) != 0) | (np.diff(slot) != 0)) + 1
+    ops: List[Op] = []
+    for start, stop in zip(np.r_[0, breaks], np.r_[breaks, block.size]):
+        r, m = int(slot[start]), int(block[start])
+        q0, q1 = int(symbol[start]), int(symbol[stop - 1]) + 1
+        src = q0 + int(T[r, m])
+        dst = m * L + q0
+        terms = []  # (dst start, dst stop, other start): out[m, a:b] -= out[i, a - d : b - d]
+        for i in np.flatnonzero(present[r]):
+            if i == m:
+                continue
+            d = int(T[r, i] - T[r, m])
+            a, b = max(q0, d), min(q1, L + d)
+            if a < b:
+                terms.append((a, b, int(i) * L + a - d))
+        if q1 - q0 == 1 and len(terms) >= 2:
+            offsets = sorted(t[2] for t in terms)
+            whole = _progressions(sorted(offsets + [dst]))
+            if len(whole) == 1 and dst not in (whole[0][0], offsets[-1] + whole[0][2]):
+                # the symbol sits inside its evenly spaced terms: negate, one strided sum, negate back
+                ops.append((RNEG, dst, 1, r, src, whole[0]))
+                continue
+            parts = _progressions(offsets)
+            if len(parts) < len(terms):  # a strided sum saves calls
+                ops.append((RSUB, dst, 1, r, src, tuple(parts)))
+                continue
+        full = next((t for t in terms if t[0] == q0 and t[1] == q1), None)
+        if full is not None:
+            ops.append((SUB, dst, q1 - q0, r, src, full[2]))
+            terms.remove(full)
+        else:
+            ops.append((COPY, dst, q1 - q0, r, src, None))
+        for a, b, other in terms:
+            ops.append((ISUB, m * L + a, b - a, r, 0, other))
+    return ops
+
+
+def _progressions(offsets: List[int]) -> List[Tuple[int, int, int]]:
+    """Split sorted offsets into maximal evenly spaced runs, as (start, count, step)."""
+    parts: List[Tuple[int, int, int]] = []
+    i = 0
+    while i < len(offsets):
+        if i + 1 == len(offsets):
+            parts.append((offsets[i], 1, 1))
+            break
+        step, count = offsets[i + 1] - offsets[i], 2
+        while i + count < len(offsets) and offsets[i + count] - offsets[i + count - 1] == step:
+            count += 1
+        parts.append((offsets[i], count, step))
+        i += count
+    return parts

@@ -1,0 +1,113 @@
+"""Local rank on the node and the GPU each rank binds to."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+# Launcher variables, most specific first: under mpirun/mpiexec started inside a Slurm allocation the
+# ranks may inherit the SLURM_LOCALID of the daemon that spawned them, so the MPI launcher's own
+# variables win over Slurm's.
+LOCAL_RANK_VARIABLES: Tuple[Tuple[str, Optional[str]], ...] = (
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI mpirun
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH / Intel MPI hydra
+    ("SLURM_LOCALID", None),  # srun
+)
+
+
+@dataclass(frozen=True)
+class LocalRank:
+    """This rank's index among the ranks of its node, the node's rank count if known, and the source."""
+
+    rank: int
+    size: Optional[int]
+    source: str
+
+
+def _int_var(environ: Mapping[str, str], name: str) -> Optional[int]:
+    value = environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: got {value!r}, expected an integer") from None
+    if number < 0:
+        raise ValueError(f"environment variable {name}: got {number}, expected >= 0")
+    return number
+
+
+def shared_node_comm(comm: Any = None) -> Any:
+    """Return a communicator of the ranks sharing this node's memory (collective; free it after use)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+def local_rank(comm: Any = None, environ: Optional[Mapping[str, str]] = None) -> LocalRank:
+    """Return the local rank from the launcher's variables, else from a shared-memory split.
+
+    The split is collective over comm; every rank of one launch sees the same variables, so
+    either all ranks split or none does.
+    """
+    environ = os.environ if environ is None else environ
+    for rank_var, size_var in LOCAL_RANK_VARIABLES:
+        rank = _int_var(environ, rank_var)
+        if rank is not None:
+            return LocalRank(rank, None if size_var is None else _int_var(environ, size_var), rank_var)
+    node = shared_node_comm(comm)
+    try:
+        return LocalRank(node.Get_rank(), node.Get_size(), "MPI_COMM_TYPE_SHARED split")
+    finally:
+        node.Free()
+
+
+def visible_gpu_count() -> int:
+    """Return how many CUDA devices this process sees (after CUDA_VISIBLE_DEVICES)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@dataclass(frozen=True)
+class GpuBinding:
+    """The CUDA device a rank uses (None without GPUs) and how it was chosen."""
+
+    local: LocalRank
+    visible_gpus: int
+    device: Optional[int]
+
+    def describe(self) -> str:
+        """Return e.g. 'cuda:1 (local rank 1 from MPI_LOCALRANKID, 4 visible)'."""
+        where = "cpu (no GPU visible)" if self.device is None else f"cuda:{self.device}"
+        return f"{where} (local rank {self.local.rank} from {self.local.source}, {self.visible_gpus} visible)"
+
+
+def plan_gpu_binding(comm: Any = None, visible_gpus: Optional[int] = None,
+                     environ: Optional[Mapping[str, str]] = None) -> GpuBinding:
+    """Return the device for this rank: local rank modulo the visible GPUs."""
+    local = local_rank(comm, environ)
+    count = visible_gpu_count() if visible_gpus is None else int(visible_gpus)
+    if count < 0:
+        raise ValueError(f"visible_gpus: got {count}, expected >= 0")
+    return GpuBinding(local, count, local.rank % count if count else None)
+
+
+def bind_gpu(comm: Any = None) -> GpuBinding:
+    """Make this rank's GPU the current device for torch (and CuPy if installed); return the binding."""
+    binding = plan_gpu_binding(comm)
+    if binding.device is not None:
+        import torch
+
+        torch.cuda.set_device(binding.device)
+        try:
+            import cupy
+
+            cupy.cuda.Device(binding.device).use()
+        except ImportError:
+            pass
+    return binding

@@ -1,0 +1,116 @@
+"""Straggler injection: real, seeded delays scaled by each worker's own measured compute time.
+
+Models: none; fixed (the listed ranks are slowed by `factor`); random (`count` ranks drawn afresh
+every iteration are slowed by `factor`); exponential and pareto (every worker sleeps a random
+multiple of its compute time with mean `factor`; Pareto of shape `shape`, heavy-tailed). A slowed
+worker with compute time c sleeps (factor - 1) * c, so it takes factor * c in all. The delays of an
+iteration depend only on (seed, iteration), so every rank can compute anyone's delay.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+MODELS = ("none", "fixed", "random", "exponential", "pareto")
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """The straggler model and its parameters."""
+
+    model: str = "none"
+    ranks: Tuple[int, ...] = ()
+    factor: float = 1.0
+    seed: int = 0
+    count: int = 1
+    shape: float = 1.5
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"straggler model: got {self.model!r}, expected one of {', '.join(MODELS)}")
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        if self.model in ("fixed", "random") and not self.factor >= 1.0:
+            raise ValueError(f"straggler factor: got {self.factor}, expected >= 1 (a slowdown factor)")
+        if self.model in ("exponential", "pareto") and not self.factor > 0.0:
+            raise ValueError(f"straggler factor: got {self.factor}, expected > 0 (the mean delay in compute times)")
+        if self.model == "fixed" and not self.ranks:
+            raise ValueError("straggler ranks: got none, expected at least one worker rank for model fixed")
+        if self.model == "random" and not self.count >= 1:
+            raise ValueError(f"straggler count: got {self.count}, expected >= 1")
+        if self.model == "pareto" and not self.shape > 1.0:
+            raise ValueError(f"straggler shape: got {self.shape}, expected > 1 (a Pareto shape with a finite mean)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"straggler seed: got {self.seed!r}, expected an integer >= 0")
+
+    @classmethod
+    def from_config(cls, config: Any) -> "StragglerSpec":
+        """Return the spec of a mapping or an object with model, ranks, factor, seed, count, shape."""
+        get = config.get if isinstance(config, dict) else (lambda key, default: getattr(config, key, default))
+        defaults = cls()
+        return cls(model=get("model", defaults.model), ranks=tuple(get("ranks", defaults.ranks) or ()),
+                   factor=float(get("factor", defaults.factor)), seed=int(get("seed", defaults.seed)),
+                   count=int(get("count", defaults.count)), shape=float(get("shape", defaults.shape)))
+
+
+class Stragglers:
+    """Decide and inject each worker's delay per iteration."""
+
+    def __init__(self, spec: StragglerSpec, workers: Sequence[int]) -> None:
+        self.spec = spec
+        self.workers = tuple(int(w) for w in workers)
+        if not self.workers:
+            raise ValueError("workers: got none, expected at least one worker rank")
+        unknown = [r for r in spec.ranks if r not in self.workers]
+        if spec.model == "fixed" and unknown:
+            raise ValueError(f"straggler ranks: got {unknown}, expected worker ranks among {list(self.workers)}")
+        if spec.model == "random" and spec.count > len(self.workers):
+            raise ValueError(f"straggler count: got {spec.count}, expected <= {len(self.workers)} workers")
+        self._cache: Tuple[int, Dict[int, float]] = (-1, {})
+
+    def factors(self, iteration: int) -> Dict[int, float]:
+        """Return each worker's delay for an iteration, in units of its own compute time."""
+        if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
+            raise ValueError(f"iteration: got {iteration!r}, expected an integer >= 0")
+        if self._cache[0] == iteration:
+            return dict(self._cache[1])
+        spec, n = self.spec, len(self.workers)
+        rng = np.random.default_rng([spec.seed, int(iteration)])
+        if spec.model == "none":
+            units = np.zeros(n)
+        elif spec.model == "fixed":
+            units = np.array([spec.factor - 1.0 if w in spec.ranks else 0.0 for w in self.workers])
+        elif spec.model == "random":
+            chosen = set(rng.choice(n, size=spec.count, replace=False).tolist())
+            units = np.array([spec.factor - 1.0 if i in chosen else 0.0 for i in range(n)])
+        elif spec.model == "exponential":
+            units = rng.exponential(spec.factor, size=n)
+        else:  # Lomax (Pareto II) draws, scaled so that the mean is `factor`
+            units = rng.pareto(spec.shape, size=n) * spec.factor * (spec.shape - 1.0)
+        result = {w: float(u) for w, u in zip(self.workers, units)}
+        self._cache = (int(iteration), result)
+        return dict(result)
+
+    def delayed(self, iteration: int) -> List[int]:
+        """Return the workers with a non-zero delay in an iteration."""
+        return [w for w, u in self.factors(iteration).items() if u > 0.0]
+
+    def delay_s(self, rank: int, iteration: int, compute_s: float) -> float:
+        """Return the seconds `rank` must sleep in an iteration, given its compute time."""
+        if not compute_s >= 0.0:
+            raise ValueError(f"compute_s: got {compute_s!r}, expected a time >= 0")
+        factors = self.factors(iteration)
+        if rank not in factors:
+            raise ValueError(f"rank: got {rank}, expected a worker rank among {list(self.workers)}")
+        return factors[rank] * compute_s
+
+    def inject(self, rank: int, iteration: int, compute_s: float,
+               sleep: Callable[[float], None] = time.sleep) -> float:
+        """Sleep this worker's delay for the iteration and return it, so that metrics can record it."""
+        delay = self.delay_s(rank, iteration, compute_s)
+        if delay > 0.0:
+            sleep(delay)
+        return delay

@@ -1,0 +1,647 @@
+"""Enveloped point-to-point messages, first-k-of-n receives, a watchdog and draining of late replies.
+
+Every message goes as two MPI messages with the same tag, sent back to back: a 128-byte header
+(kind, iteration, layer, phase, dtype, shape, size) and the payload bytes. The tag holds kind,
+layer and phase; the full iteration is in the header and is checked on receipt, so a late reply of
+round t is never taken for a reply of round t+1. Header receives are pre-posted; each payload
+receive is posted into its destination buffer as soon as its header is in, with the size the
+header announces, so a receive never truncates and a receive request can always be cancelled
+whole (only a header receive is ever cancelled). At most one receive is posted per (source, tag):
+posting a newer one first retires the older one (cancelled if nothing matched it yet, else finished
+into scratch memory). Late replies are received into scratch memory and dropped; messages of a
+later iteration that reach an older receive are kept aside until a receive for that iteration is
+posted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import (StagingPool, TensorInfo, WireBuffer, allocate, copy_bytes_into, recv_buffer, send_buffer,
+                      tensor_info)
+from .cuda import resolve_cuda_aware
+from .envelope import MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, encode_header, make_tag, new_header_buffer
+from .errors import MessageMismatch, WatchdogTimeout
+
+DEFAULT: Any = object()  # "use the transport's timeout_s"
+
+SendHook = Callable[[int, Envelope, int], None]
+
+_HEADER, _PAYLOAD, _DISCARD, _STASH, _DONE = range(5)
+ARRIVED, LATE, SUPERSEDED, CANCELLED = "arrived", "late", "superseded", "cancelled"
+
+# Polling waits yield the core after each fruitless poll: free when a rank has its core to itself,
+# and it keeps oversubscribed nodes (more ranks than cores) moving.
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+SPIN_POLLS = 200  # polls before a waiting rank starts to sleep between polls
+FIRST_SLEEP_S = 10e-6
+
+
+class Backoff:
+    """Pause between polls of a wait: spin first, then sleep, doubling up to `max_sleep_s`.
+
+    A blocking MPI wait spins at full speed; when ranks outnumber cores that spinning takes the CPU
+    from the ranks that compute, so waits poll instead and sleep once a message is slow to come.
+    """
+
+    __slots__ = ("max_sleep_s", "polls", "sleep_s")
+
+    def __init__(self, max_sleep_s: float) -> None:
+        self.max_sleep_s = max_sleep_s
+        self.polls = 0
+        self.sleep_s = FIRST_SLEEP_S
+
+    def pause(self) -> None:
+        """Wait a little before the next poll."""
+        self.polls += 1
+        if self.max_sleep_s <= 0.0 or self.polls <= SPIN_POLLS:
+            _yield()
+            return
+        time.sleep(self.sleep_s)
+        self.sleep_s = min(2.0 * self.sleep_s, self.max_sleep_s)
+
+
+def auto_poll_sleep(comm: Any) -> float:
+    """Return 0 (spin) when this node has a core per rank, else 1 ms (sleep between polls)."""
+    from .threads import ranks_per_node, usable_cores
+
+    ranks, _ = ranks_per_node(comm)
+    return 0.0 if ranks <= usable_cores() else 1e-3
+
+
+@dataclass
+class TransportStats:
+    """Counts of what the transport moved and what it had to drain."""
+
+    sent_messages: int = 0
+    sent_bytes: int = 0
+    received_messages: int = 0
+    received_bytes: int = 0
+    late_drained: int = 0  # replies that came after their round was over: received into scratch, dropped
+    stale_discarded: int = 0  # older-iteration messages met by a newer receive: dropped
+    future_kept: int = 0  # newer-iteration messages met by an older receive: kept for their own receive
+    cancelled: int = 0  # receives cancelled because nothing was sent for them
+
+
+@dataclass
+class FirstK:
+    """The outcome of waiting for the first k of n replies."""
+
+    envelope: Envelope
+    k: int
+    arrived: List[int]  # sources in arrival order; at least k, more if they came in together
+    wait_s: float  # seconds from the start of the wait until the k-th reply was in
+    data: Dict[int, Any]  # source -> received tensor, for the sources that arrived
+    late: List[int]  # sources still outstanding: their replies are drained later
+
+    @property
+    def first(self) -> List[int]:
+        """Return the first k sources to answer."""
+        return self.arrived[:self.k]
+
+
+@dataclass
+class DrainReport:
+    """What a drain did: late replies completed, receives cancelled, sends still in flight."""
+
+    completed: int
+    cancelled: int
+    unfinished_sends: int
+
+
+class _Slot:
+    """One posted receive from one source for one envelope."""
+
+    __slots__ = ("source", "envelope", "key", "out", "info", "header", "request", "state", "outcome", "awaited",
+                 "retiring", "wire", "incoming", "scratch", "arrival")
+
+    def __init__(self, source: int, envelope: Envelope, out: Any, info: Optional[TensorInfo]) -> None:
+        self.source = source
+        self.envelope = envelope
+        self.key = (source, envelope.tag)
+        self.out = out
+        self.info = info
+        self.header = new_header_buffer()
+        self.request: Any = None
+        self.state = _HEADER
+        self.outcome: Optional[str] = None
+        self.awaited = True
+        self.retiring = False
+        self.wire: Optional[WireBuffer] = None
+        self.incoming: Optional[Header] = None
+        self.scratch: Optional[np.ndarray] = None
+        self.arrival = 0.0
+
+
+class SendHandle:
+    """One message on its way out; keeps its buffers alive until MPI is done with them."""
+
+    def __init__(self, transport: "Transport", dest: int, envelope: Envelope, requests: List[Any],
+                 header: np.ndarray, wire: WireBuffer) -> None:
+        self.dest = dest
+        self.envelope = envelope
+        self.requests = requests
+        self._transport = transport
+        self._header = header
+        self._wire: Optional[WireBuffer] = wire
+
+    def test(self) -> bool:
+        """Return whether the message has left (its buffers may be reused)."""
+        if self._wire is not None and MPI.Request.Testall(self.requests):
+            self._finish()
+        return self._wire is None
+
+    def wait(self, timeout_s: Any = DEFAULT) -> None:
+        """Block until the message has left, serving other receives meanwhile; watchdog-bounded."""
+        self._transport._wait_send(self, self._transport._timeout(timeout_s))
+
+    def _finish(self) -> None:
+        if self._wire is not None:
+            self._wire.done(received=False)
+            self._wire = None
+
+
+class Gather:
+    """Receives pre-posted from several sources for one envelope; wait for the first k."""
+
+    def __init__(self, transport: "Transport", envelope: Envelope, slots: Dict[int, _Slot]) -> None:
+        self.transport = transport
+        self.envelope = envelope
+        self.sources = list(slots)
+        self._slots = slots
+        self._result: Optional[FirstK] = None
+
+    def arrived(self) -> List[int]:
+        """Return the sources whose reply is in so far, in arrival order."""
+        done = [s for s in self._slots.values() if s.outcome == ARRIVED]
+        return [s.source for s in sorted(done, key=lambda s: s.arrival)]
+
+    def wait(self, k: Optional[int] = None, *, timeout_s: Any = DEFAULT) -> FirstK:
+        """Block until k replies are in (all by default); raise WatchdogTimeout past timeout_s."""
+        if self._result is not None:
+            return self._result
+        n = len(self._slots)
+        k = n if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+            raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (the number of sources)")
+        timeout = self.transport._timeout(timeout_s)
+        start = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slots = list(self._slots.values())
+
+        def enough() -> bool:
+            have = sum(1 for s in slots if s.outcome == ARRIVED)
+            if have >= k:
+                return True
+            if have + sum(1 for s in slots if s.state != _DONE) < k:
+                gone = [s.source for s in slots if s.state == _DONE and s.outcome != ARRIVED]
+                raise RuntimeError(f"only {have} of the {k} replies needed for {self.envelope} can still arrive: "
+                                   f"rank(s) {', '.join(map(str, gone))} already sent a later iteration instead")
+            return False
+
+        try:
+            if not self.transport._progress_until(enough, deadline):
+                silent = [s.source for s in slots if s.outcome != ARRIVED]
+                raise WatchdogTimeout(silent, str(self.envelope), timeout, self.arrived(), k)
+            arrived = self.arrived()
+            by_source = self._slots
+            kth = by_source[arrived[k - 1]].arrival
+            self._result = FirstK(self.envelope, k, arrived, max(0.0, kth - start),
+                                  {s: by_source[s].out for s in arrived},
+                                  [s.source for s in slots if s.outcome != ARRIVED])
+        finally:
+            self.release()
+        return self._result
+
+    def release(self) -> None:
+        """Stop awaiting: replies still outstanding are drained into scratch memory when they come."""
+        for slot in self._slots.values():
+            slot.awaited = False
+
+
+class RecvHandle:
+    """One pre-posted receive."""
+
+    def __init__(self, transport: "Transport", slot: _Slot) -> None:
+        self._transport = transport
+        self._slot = slot
+        self.source = slot.source
+        self.envelope = slot.envelope
+
+    def test(self) -> bool:
+        """Return whether the message is in."""
+        if self._slot.state != _DONE:
+            self._transport.progress()
+        return self._slot.outcome == ARRIVED
+
+    def wait(self, timeout_s: Any = DEFAULT) -> Any:
+        """Block until the message is in and return the received tensor."""
+        return self._transport._wait_slot(self._slot, self._transport._timeout(timeout_s))
+
+
+class Transport:
+    """Move tensors between ranks of one communicator with envelopes, a watchdog and draining.
+
+    Creating a Transport duplicates the communicator (collective over it) so that its tags never
+    meet other traffic. `timeout_s` is the watchdog: a blocking wait still unfinished after that
+    many seconds raises WatchdogTimeout naming the ranks it still waits for (None waits for ever);
+    every wait also takes its own timeout_s. Waits poll Testsome (MPI has no timed wait);
+    `poll_sleep_s` bounds the sleep between polls once a wait has spun a while (0 spins; None picks
+    0 when every rank of the node has a core, else 1 ms). Not thread-safe: one thread per Transport. `send_hook`, if
+    given, is called as hook(dest, envelope, nbytes) right before each message is posted: the one
+    place every outgoing message passes through.
+    """
+
+    def __init__(self, comm: Any = None, *, cuda_aware: Any = "auto", timeout_s: Optional[float] = None,
+                 dup: bool = True, send_hook: Optional[SendHook] = None,
+                 poll_sleep_s: Optional[float] = None) -> None:
+        base = MPI.COMM_WORLD if comm is None else comm
+        if base == MPI.COMM_NULL:
+            raise ValueError("comm: got MPI.COMM_NULL, expected a communicator this rank belongs to")
+        tag_ub = base.Get_attr(MPI.TAG_UB)
+        if tag_ub is None or tag_ub <= MAX_TAG:
+            raise RuntimeError(f"MPI TAG_UB is {tag_ub}, expected above {MAX_TAG} "
+                               f"(the standard guarantees {MIN_TAG_UB})")
+        self.tag_ub = int(tag_ub)
+        self.comm = base.Dup() if dup else base
+        self._owns_comm = dup
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        awareness = resolve_cuda_aware(cuda_aware, base)
+        self.cuda_aware = awareness.aware
+        self.cuda_aware_method = awareness.method
+        self.timeout_s = self._check_timeout(timeout_s)
+        if poll_sleep_s is not None and not poll_sleep_s >= 0.0:
+            raise ValueError(f"poll_sleep_s: got {poll_sleep_s!r}, expected seconds >= 0 or None (automatic)")
+        self.poll_sleep_s = auto_poll_sleep(base) if poll_sleep_s is None else float(poll_sleep_s)
+        self.send_hook = send_hook
+        self.stats = TransportStats()
+        self._pool = StagingPool()
+        self._live: Dict[Tuple[int, int], _Slot] = {}
+        # Retired receives whose payload is still on its way: completed by progress, never waited for,
+        # so a late reply from a slow rank cannot hold up the rank that moved on.
+        self._draining: List[_Slot] = []
+        self._kept: Dict[Tuple[int, int], Dict[int, Tuple[Header, np.ndarray]]] = {}
+        self._sends: List[SendHandle] = []
+        self._statuses: List[Any] = []
+
+    # -- sending ------------------------------------------------------------------------------
+    def isend(self, dest: int, data: Any, envelope: Envelope) -> SendHandle:
+        """Start sending `data` to `dest`; do not modify it until the handle says it has left."""
+        self._check_rank(dest, "dest")
+        wire = send_buffer(data, self.cuda_aware, self._pool)
+        info = wire.info
+        header = encode_header(envelope, info.dtype, info.shape, info.nbytes)
+        if self._sends:
+            self._sweep_sends()
+        handle = self._post_message(dest, envelope, header, wire)
+        self._sends.append(handle)
+        return handle
+
+    def send(self, dest: int, data: Any, envelope: Envelope, *, timeout_s: Any = DEFAULT) -> None:
+        """Send `data` to `dest` and wait until it has left."""
+        self.isend(dest, data, envelope).wait(timeout_s)
+
+    def _post_message(self, dest: int, envelope: Envelope, header: np.ndarray, wire: WireBuffer) -> SendHandle:
+        """Post one message, header then payload: every outgoing message passes through here."""
+        nbytes = wire.info.nbytes
+        if self.send_hook is not None:
+            self.send_hook(dest, envelope, nbytes)
+        tag = envelope.tag
+        requests = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
+        if nbytes:
+            requests.append(self.comm.Isend([wire.data, MPI.BYTE], dest, tag))
+        self.stats.sent_messages += 1
+        self.stats.sent_bytes += nbytes
+        return SendHandle(self, dest, envelope, requests, header, wire)
+
+    def _sweep_sends(self) -> None:
+        if self._sends:
+            self._sends = [h for h in self._sends if not h.test()]
+
+    def _wait_send(self, handle: SendHandle, timeout: Optional[float]) -> None:
+        if handle.test():
+            self._sweep_sends()
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff(self.poll_sleep_s)
+        while not handle.test():
+            self.progress()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WatchdogTimeout([handle.dest], f"the send of {handle.envelope}", timeout)
+            backoff.pause()
+        self._sweep_sends()
+
+    # -- receiving ----------------------------------------------------------------------------
+    def irecv(self, source: int, out: Any, envelope: Envelope) -> RecvHandle:
+        """Post a receive from `source` into `out` (a tensor of the expected dtype and shape)."""
+        self._check_rank(source, "source")
+        info = None if out is None else tensor_info(out)
+        self.progress()
+        return RecvHandle(self, self._open_slot(source, envelope, out, info))
+
+    def recv(self, source: int, envelope: Envelope, out: Any = None, *, timeout_s: Any = DEFAULT) -> Any:
+        """Receive one message; into `out` if given, else into a new CPU tensor shaped as sent."""
+        self._check_rank(source, "source")
+        info = None if out is None else tensor_info(out)
+        if self._live or self._sends:
+            self.progress()
+        slot = self._open_slot(source, envelope, out, info)
+        return self._wait_slot(slot, self._timeout(timeout_s))
+
+    def _wait_slot(self, slot: _Slot, timeout: Optional[float]) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            if not self._progress_until(lambda: slot.state == _DONE, deadline):
+                raise WatchdogTimeout([slot.source], str(slot.envelope), timeout or 0.0)
+        finally:
+            slot.awaited = False
+        if slot.outcome != ARRIVED:
+            raise RuntimeError(f"no message for {slot.envelope} can arrive from rank {slot.source}: "
+                               "it already sent a later iteration instead")
+        return slot.out
+
+    def post_gather(self, sources: Sequence[int], envelope: Envelope,
+                    out: Optional[Mapping[int, Any]] = None) -> Gather:
+        """Pre-post receives from every source (into out[source], or new tensors); return the Gather."""
+        sources = [int(s) for s in sources]
+        if not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"sources: got {sources}, expected a non-empty list of distinct ranks")
+        for s in sources:
+            self._check_rank(s, "source")
+        if out is not None:
+            missing = [s for s in sources if s not in out]
+            if missing:
+                raise ValueError(f"out: no receive buffer for source rank(s) {missing}; expected one per source")
+        infos = {s: None if out is None else tensor_info(out[s]) for s in sources}  # reject bad buffers early
+        self.progress()
+        slots = {s: self._open_slot(s, envelope, None if out is None else out[s], infos[s]) for s in sources}
+        return Gather(self, envelope, slots)
+
+    def gather_first(self, sources: Sequence[int], envelope: Envelope, out: Optional[Mapping[int, Any]],
+                     k: Optional[int] = None, *, timeout_s: Any = DEFAULT) -> FirstK:
+        """Post receives from every source and wait for the first k replies."""
+        return self.post_gather(sources, envelope, out).wait(k, timeout_s=timeout_s)
+
+    def has_message(self, source: int, kind: int, layer: int = 0, phase: int = 0) -> bool:
+        """Return whether a message from `source` with this kind, layer and phase waits unclaimed."""
+        tag = make_tag(kind, layer, phase)
+        return bool(self._kept.get((source, tag))) or bool(self.comm.Iprobe(source, tag))
+
+    def _open_slot(self, source: int, envelope: Envelope, out: Any, info: Optional[TensorInfo]) -> _Slot:
+        key = (source, envelope.tag)
+        old = self._live.get(key)
+        if old is not None:
+            if old.awaited:
+                raise ValueError(f"a receive from rank {source} for {old.envelope} is still awaited; wait for it "
+                                 f"(or release() its gather) before posting one for {envelope}")
+            self._retire(old)
+        slot = _Slot(source, envelope, out, info)
+        slot.arrival = time.perf_counter()
+        if not self._take_kept(slot):
+            self._live[key] = slot
+            self._post_header(slot)
+        return slot
+
+    def _take_kept(self, slot: _Slot) -> bool:
+        """Serve a slot from a message kept aside earlier; drop kept messages older than it."""
+        kept = self._kept.get(slot.key)
+        if not kept:
+            return False
+        want = slot.envelope.iteration
+        for iteration in [i for i in kept if i < want]:
+            del kept[iteration]
+            self.stats.stale_discarded += 1
+        item = kept.pop(want, None)
+        if not kept:
+            del self._kept[slot.key]
+        if item is None:
+            return False
+        header, payload = item
+        self._check_match(slot, header)
+        if payload.nbytes:
+            copy_bytes_into(slot.out, payload)
+        self._arrive(slot, header)
+        return True
+
+    def _post_header(self, slot: _Slot) -> None:
+        slot.state = _HEADER
+        slot.request = self.comm.Irecv([slot.header, MPI.BYTE], slot.source, slot.key[1])
+
+    def _post_payload(self, slot: _Slot, buf: Any, state: int) -> None:
+        slot.state = state
+        slot.request = self.comm.Irecv([buf, MPI.BYTE], slot.source, slot.key[1])
+
+    def _finish(self, slot: _Slot, outcome: str) -> None:
+        slot.state = _DONE
+        slot.outcome = outcome
+        slot.request = None
+        if self._live.get(slot.key) is slot:
+            del self._live[slot.key]
+        if slot.retiring and slot in self._draining:
+            self._draining.remove(slot)
+
+    def _arrive(self, slot: _Slot, header: Header) -> None:
+        slot.arrival = time.perf_counter()
+        self.stats.received_messages += 1
+        self.stats.received_bytes += header.nbytes
+        self._finish(slot, ARRIVED)
+
+    def _check_match(self, slot: _Slot, header: Header, consume: bool = False) -> None:
+        """Allocate the destination or check it against the header; raise MessageMismatch if it differs."""
+        if slot.out is None:
+            slot.out = allocate(header.dtype, header.shape)
+            slot.info = tensor_info(slot.out)
+            return
+        info = slot.info
+        assert info is not None
+        if info.dtype != header.dtype or tuple(info.shape) != header.shape:
+            if consume and header.nbytes:  # keep the message stream in step before reporting
+                self.comm.Recv([np.empty(header.nbytes, np.uint8), MPI.BYTE], slot.source, slot.key[1])
+            self._finish(slot, CANCELLED)
+            raise MessageMismatch(f"message from rank {slot.source} for {slot.envelope}: expected "
+                                  f"{info.describe()}, got {header.dtype} {header.shape}")
+
+    def _complete(self, slot: _Slot, status: Any) -> None:
+        """Advance a slot whose request has completed."""
+        if slot.state == _HEADER:
+            header = decode_header(slot.header)
+            got, want = header.envelope, slot.envelope
+            if (got.kind, got.layer, got.phase) != (want.kind, want.layer, want.phase):
+                self._finish(slot, CANCELLED)
+                raise MessageMismatch(f"message from rank {slot.source}: header says {got}, tag says {want}")
+            slot.incoming = header
+            if got.iteration == want.iteration and slot.awaited:
+                self._check_match(slot, header, consume=True)
+                if not header.nbytes:
+                    self._arrive(slot, header)
+                    return
+                slot.wire = recv_buffer(slot.out, self.cuda_aware, self._pool, slot.info)
+                self._post_payload(slot, slot.wire.data, _PAYLOAD)
+                return
+            if not header.nbytes:
+                self._settle_other(slot, header, np.empty(0, np.uint8))
+                return
+            slot.scratch = np.empty(header.nbytes, np.uint8)
+            self._post_payload(slot, slot.scratch, _STASH if got.iteration > want.iteration else _DISCARD)
+            return
+        header = slot.incoming
+        assert header is not None
+        count = status.Get_count(MPI.BYTE)
+        if count != header.nbytes:
+            self._finish(slot, CANCELLED)
+            raise MessageMismatch(f"message from rank {slot.source} for {slot.envelope}: header announced "
+                                  f"{header.nbytes} bytes, {count} arrived")
+        if slot.state == _PAYLOAD:
+            wire, slot.wire = slot.wire, None
+            assert wire is not None
+            wire.done(received=slot.awaited)
+            if slot.awaited:
+                self._arrive(slot, header)
+            else:
+                self.stats.late_drained += 1
+                self._finish(slot, LATE)
+            return
+        scratch, slot.scratch = slot.scratch, None
+        assert scratch is not None
+        self._settle_other(slot, header, scratch)
+
+    def _settle_other(self, slot: _Slot, header: Header, payload: np.ndarray) -> None:
+        """Deal with a message that is not the one the slot waits for (or no longer waited for)."""
+        got, want = header.envelope.iteration, slot.envelope.iteration
+        if got > want:  # the sender has moved on: it will never send `want` after this
+            self._kept.setdefault(slot.key, {})[got] = (header, payload)
+            self.stats.future_kept += 1
+            self._finish(slot, SUPERSEDED)
+        elif got == want:  # its own reply, after the round was over
+            self.stats.late_drained += 1
+            self._finish(slot, LATE)
+        else:  # an older round's reply: drop it and keep listening
+            self.stats.stale_discarded += 1
+            if slot.retiring:
+                self._finish(slot, CANCELLED)
+            else:
+                self._post_header(slot)
+
+    def _retire(self, slot: _Slot) -> bool:
+        """End a receive nobody waits for any more; return whether it was cancelled unmatched."""
+        slot.awaited = False
+        slot.retiring = True
+        if slot.state == _HEADER:
+            slot.request.Cancel()
+            status = MPI.Status()
+            slot.request.Wait(status)
+            if status.Is_cancelled():
+                self.stats.cancelled += 1
+                self._finish(slot, CANCELLED)
+                return True
+            self._complete(slot, status)
+        if slot.state != _DONE:
+            # A payload is on its way (its sender posted it with the header). Its receive stays posted
+            # ahead of any newer receive for the same source and tag, so MPI's ordering still matches
+            # it first; progress() completes it later.
+            if self._live.get(slot.key) is slot:
+                del self._live[slot.key]
+            self._draining.append(slot)
+        return False
+
+    # -- progress, waiting and draining ---------------------------------------------------------
+    def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float]) -> Optional[List[int]]:
+        backoff = Backoff(self.poll_sleep_s)
+        while True:  # MPI has no timed wait: poll, as a blocking MPI wait spins internally anyway
+            indices = MPI.Request.Testsome(requests, statuses)
+            if indices is None or indices:
+                return indices
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+            backoff.pause()
+
+    def _progress_until(self, done: Callable[[], bool], deadline: Optional[float]) -> bool:
+        """Serve all posted receives until done() holds or the deadline passes; return done()."""
+        while not done():
+            live = list(self._live.values()) + self._draining
+            if not live:
+                return done()
+            requests = [s.request for s in live]
+            statuses = self._statuses
+            while len(statuses) < len(requests):
+                statuses.append(MPI.Status())
+            indices = self._wait_some(requests, statuses, deadline)
+            if not indices:
+                return done()
+            for j, i in enumerate(indices):
+                self._complete(live[i], statuses[j])
+        return True
+
+    def progress(self) -> int:
+        """Serve receives and sends that can move now without blocking; return how many remain."""
+        live = list(self._live.values()) + self._draining
+        if live:
+            statuses = self._statuses
+            while len(statuses) < len(live):
+                statuses.append(MPI.Status())
+            indices = MPI.Request.Testsome([s.request for s in live], statuses) or []
+            for j, i in enumerate(indices):
+                self._complete(live[i], statuses[j])
+        self._sweep_sends()
+        return len(self._live) + len(self._sends)
+
+    def pending(self) -> Tuple[List[Tuple[int, Envelope]], int]:
+        """Return the receives still posted as (source, envelope) and the number of unfinished sends."""
+        self._sweep_sends()
+        slots = list(self._live.values()) + self._draining
+        return [(s.source, s.envelope) for s in slots], len(self._sends)
+
+    def drain(self, timeout_s: float = 0.0) -> DrainReport:
+        """Let outstanding receives and sends finish for up to timeout_s, then cancel unanswered receives."""
+        if timeout_s is None or timeout_s < 0:
+            raise ValueError(f"timeout_s: got {timeout_s!r}, expected a number >= 0")
+        deadline = time.monotonic() + timeout_s
+        for slot in self._live.values():
+            slot.awaited = False
+        before = len(self._live) + len(self._draining)
+        self._progress_until(lambda: not self._live and not self._draining, deadline)
+        completed = before - len(self._live) - len(self._draining)
+        cancelled = sum(self._retire(slot) for slot in list(self._live.values()))
+        self._progress_until(lambda: not self._draining, deadline)
+        backoff = Backoff(self.poll_sleep_s)
+        while self._sends and time.monotonic() < deadline:
+            self._sweep_sends()
+            backoff.pause()
+        self._sweep_sends()
+        return DrainReport(completed, cancelled, len(self._sends))
+
+    def close(self, timeout_s: float = 0.0) -> DrainReport:
+        """Drain, then free the duplicated communicator."""
+        report = self.drain(timeout_s)
+        if self._owns_comm and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        return report
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check_rank(self, rank: int, what: str) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
+            raise ValueError(f"{what}: got {rank!r}, expected a rank in 0..{self.size - 1}")
+
+    def _timeout(self, value: Any) -> Optional[float]:
+        return self.timeout_s if value is DEFAULT else self._check_timeout(value)
+
+    @staticmethod
+    def _check_timeout(value: Any) -> Optional[float]:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"timeout_s: got {value!r}, expected a positive number of seconds or None")
+        return float(value)

@@ -1,0 +1,47 @@
+"""MPI runtime checks under mpiexec (3 to 5 ranks): first k of n, late replies, watchdog, shard exchange,
+device buffers, and a failing rank aborting the job."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import time
+
+import pytest
+from mpiutil import describe, run_mpi
+
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+
+def test_first_k_of_n_takes_the_fastest_never_a_late_reply_and_the_watchdog_names_a_silent_worker():
+    proc = run_mpi(4, "firstk.py", timeout=90)
+    assert proc.returncode == 0 and "OK firstk" in proc.stdout, describe(proc)
+    arrived = {line.split(":")[0]: ast.literal_eval(line.split("arrived ")[1].split(" waited")[0])
+               for line in proc.stdout.splitlines() if " arrived [" in line}
+    assert sorted(arrived["round 1"]) == [2, 3] and sorted(arrived["round 3"]) == [2, 3]  # worker 1 was delayed
+    assert sorted(arrived["round 7"]) == [1, 2] and arrived["round 9"] == [1, 2, 3]
+    assert "no answer from rank(s) 3 for REPLY iteration 5" in proc.stdout, describe(proc)
+
+
+def test_shard_exchange_round_trips_exactly_and_serves_the_first_k():
+    proc = run_mpi(5, "exchange.py", timeout=90)
+    assert proc.returncode == 0 and "OK exchange" in proc.stdout, describe(proc)
+
+
+def test_device_and_host_buffer_paths_and_mismatch_errors():
+    proc = run_mpi(3, "devbuf.py", timeout=90)
+    assert proc.returncode == 0 and "OK devbuf" in proc.stdout, describe(proc)
+    assert "cuda-aware detection: MPIX_Query_cuda_support()=0" in proc.stdout, describe(proc)
+
+
+def test_a_rank_that_raises_ends_the_whole_job_non_zero_within_15_s():
+    start = time.monotonic()
+    try:
+        proc = run_mpi(3, "abort.py", timeout=30)  # mpiexec would kill a hung job only after 30 s
+    except subprocess.TimeoutExpired as error:  # pragma: no cover - the failure being guarded against
+        pytest.fail(f"the job hung after a rank raised: {error}")
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, describe(proc)
+    assert "deliberate failure on rank 2" in proc.stderr, describe(proc)
+    assert "unreachable" not in proc.stdout
+    assert elapsed < 15, f"the job took {elapsed:.1f} s to end after a rank raised\n{describe(proc)}"

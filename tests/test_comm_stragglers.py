@@ -1,0 +1,102 @@
+"""Straggler injection: models, determinism, distributions and validation (no MPI needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from psframework.comm.stragglers import StragglerSpec, Stragglers
+
+WORKERS = list(range(1, 9))
+
+
+def test_none_delays_nobody():
+    s = Stragglers(StragglerSpec(), WORKERS)
+    assert s.factors(0) == {w: 0.0 for w in WORKERS}
+    assert s.delayed(5) == [] and s.delay_s(3, 5, 0.2) == 0.0
+
+
+def test_fixed_slows_the_listed_ranks_by_their_own_compute_time():
+    s = Stragglers(StragglerSpec("fixed", ranks=(2, 5), factor=3.0), WORKERS)
+    for it in range(5):
+        assert s.delayed(it) == [2, 5]
+    assert s.delay_s(2, 0, 0.5) == pytest.approx(1.0)  # (3 - 1) x 0.5 s: the worker takes 3 x 0.5 s in all
+    assert s.delay_s(5, 9, 0.1) == pytest.approx(0.2)
+    assert s.delay_s(1, 0, 0.5) == 0.0
+
+
+def test_random_draws_count_ranks_per_iteration_reproducibly():
+    spec = StragglerSpec("random", factor=2.0, count=3, seed=11)
+    a, b = Stragglers(spec, WORKERS), Stragglers(spec, WORKERS)
+    draws = [tuple(a.delayed(it)) for it in range(300)]
+    assert all(len(d) == 3 for d in draws)
+    assert draws == [tuple(b.delayed(it)) for it in range(300)]  # the same on every rank
+    assert len(set(draws)) > 30 and set().union(*draws) == set(WORKERS)
+    assert all(a.factors(it)[w] == 1.0 for it in range(10) for w in a.delayed(it))
+    other = Stragglers(StragglerSpec("random", factor=2.0, count=3, seed=12), WORKERS)
+    assert [tuple(other.delayed(it)) for it in range(300)] != draws
+
+
+def test_exponential_delays_have_the_given_mean():
+    s = Stragglers(StragglerSpec("exponential", factor=0.5, seed=3), WORKERS)
+    units = np.array([list(s.factors(it).values()) for it in range(4000)])
+    assert units.min() >= 0.0
+    assert units.mean() == pytest.approx(0.5, rel=0.03)
+    assert np.median(units) == pytest.approx(0.5 * np.log(2), rel=0.05)
+
+
+def test_pareto_delays_have_the_given_mean_and_a_heavy_tail():
+    s = Stragglers(StragglerSpec("pareto", factor=0.4, shape=3.0, seed=5), WORKERS)
+    units = np.array([list(s.factors(it).values()) for it in range(4000)])
+    assert units.min() >= 0.0
+    assert units.mean() == pytest.approx(0.4, rel=0.05)
+    heavy = Stragglers(StragglerSpec("pareto", factor=0.4, shape=1.5, seed=5), WORKERS)
+    tail = np.array([list(heavy.factors(it).values()) for it in range(4000)])
+    scale = 0.4 * (1.5 - 1.0)  # Lomax scale giving mean `factor`
+    assert np.median(tail) == pytest.approx(scale * (2 ** (1 / 1.5) - 1), rel=0.05)
+    assert tail.max() > 20 * np.median(tail)
+
+
+def test_inject_sleeps_the_delay_and_returns_it():
+    slept = []
+    s = Stragglers(StragglerSpec("fixed", ranks=(1,), factor=4.0), WORKERS)
+    assert s.inject(1, 0, 0.01, sleep=slept.append) == pytest.approx(0.03)
+    assert s.inject(2, 0, 0.01, sleep=slept.append) == 0.0
+    assert slept == [pytest.approx(0.03)]
+
+
+def test_spec_from_config_mapping_or_object():
+    d = {"model": "random", "ranks": [], "factor": 2.5, "seed": 4, "count": 2, "shape": 1.5}
+    assert StragglerSpec.from_config(d) == StragglerSpec("random", (), 2.5, 4, 2, 1.5)
+    obj = SimpleNamespace(model="fixed", ranks=[1, 3], factor=2.0, seed=0, count=1, shape=1.5)
+    assert StragglerSpec.from_config(obj).ranks == (1, 3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="gamma"), "straggler model: got 'gamma'"),
+    (dict(model="fixed", ranks=(1,), factor=0.5), "straggler factor: got 0.5, expected >= 1"),
+    (dict(model="exponential", factor=0.0), "straggler factor: got 0.0, expected > 0"),
+    (dict(model="fixed"), "expected at least one worker rank"),
+    (dict(model="random", count=0), "straggler count: got 0"),
+    (dict(model="pareto", shape=1.0), "straggler shape: got 1.0"),
+    (dict(seed=-1), "straggler seed: got -1"),
+])
+def test_bad_specs_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        StragglerSpec(**kwargs)
+
+
+def test_bad_use_is_rejected():
+    with pytest.raises(ValueError, match="straggler ranks: got \\[9\\]"):
+        Stragglers(StragglerSpec("fixed", ranks=(9,), factor=2.0), WORKERS)
+    with pytest.raises(ValueError, match="straggler count: got 9, expected <= 8"):
+        Stragglers(StragglerSpec("random", count=9, factor=2.0), WORKERS)
+    s = Stragglers(StragglerSpec(), WORKERS)
+    with pytest.raises(ValueError, match="iteration: got -1"):
+        s.factors(-1)
+    with pytest.raises(ValueError, match="rank: got 0"):
+        s.delay_s(0, 0, 1.0)
+    with pytest.raises(ValueError, match="compute_s: got -1"):
+        s.delay_s(1, 0, -1.0)
