@@ -48,18 +48,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     rank, size, comm = _world()
     try:
         cfg = load_config(args.config, args.overrides, world_size=size)
-    except (ConfigError, DatasetError) as exc:
-        return _fail(str(exc), rank)
-    from psframework.schemes import get_runner
+        from psframework.schemes import get_runner
 
-    try:
         runner = get_runner(cfg.scheme)
-    except NotImplementedError as exc:
-        return _fail(str(exc), rank)
+    except (ConfigError, DatasetError, NotImplementedError) as exc:
+        # Every rank reads the same config and fails the same way: one line, then a clean exit.
+        status = _fail(str(exc), rank)
+        if comm is not None:
+            from mpi4py import MPI
+
+            MPI.Finalize()
+        return status
     try:
         runner(cfg, comm=comm)
     except (ConfigError, DatasetError) as exc:
-        return _fail(str(exc), rank)
+        # Only this rank may have failed: report it and abort the job so that no rank hangs.
+        print(f"psf: error: {exc}", file=sys.stderr, flush=True)
+        if comm is not None and size > 1:
+            comm.Abort(EXIT_USAGE)
+        return EXIT_USAGE
     return 0
 
 

@@ -67,6 +67,7 @@ class TrainConfig:
     nesterov: bool = False
     weight_decay: float = 0.0
     optimizer: Literal["sgd", "adam"] = "sgd"
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     head_optimizer: Optional[Literal["sgd", "adam"]] = None
     head_lr: Optional[float] = None
     seed: int = 0

@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from typing import Mapping, Optional, Sequence, Union
+
+from psframework.launch import mpi_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_SCRIPTS = os.path.join(ROOT, "tests", "mpi")
-
-
-def mpiexec_path() -> str:
-    """Return the mpiexec next to this Python (the virtualenv's), else the one on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if found is None:
-        raise RuntimeError("no mpiexec found next to the Python interpreter or on PATH")
-    return found
-
-
-def _is_open_mpi(mpiexec: str) -> bool:
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out.stdout or "OpenRTE" in out.stdout or "Open MPI" in out.stderr
 
 
 def run_mpi(n: int, target: Union[str, Sequence[str]], *args: str, timeout: float = 60.0,
@@ -50,19 +31,11 @@ def run_mpi(n: int, target: Union[str, Sequence[str]], *args: str, timeout: floa
         command = [script]
     else:
         command = list(target)
-    mpiexec = mpiexec_path()
-    launcher = [mpiexec, "-n", str(n)]
-    full_env = dict(os.environ)
-    if _is_open_mpi(mpiexec):
-        launcher.append("--oversubscribe")
-        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    full_env["MPIEXEC_TIMEOUT"] = str(max(1, int(timeout)))
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, full_env.get("PYTHONPATH")) if p)
-    full_env.setdefault("OMP_NUM_THREADS", "1")  # many ranks share few cores in tests
-    full_env.update(env or {})
-    return subprocess.run(launcher + [sys.executable, "-m", "mpi4py"] + command + list(args),
-                          cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout + 15)
+    extra = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # many ranks share few cores in tests
+    extra.update(env or {})
+    argv, full_env = mpi_command(n, command + list(args), timeout_s=timeout, env=extra)
+    return subprocess.run(argv, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout + 15)
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:

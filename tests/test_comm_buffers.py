@@ -8,22 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from fakedevice import FakeDeviceArray
 from psframework.comm import buffers
 from psframework.comm.buffers import (CUDA, HOST, StagingPool, copy_bytes_into, host_empty, recv_buffer, send_buffer,
                                       tensor_info)
-
-
-class FakeDeviceArray:
-    """Host memory dressed as a CUDA array: exercises the device paths on a CPU."""
-
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        h = self.host
-        return {"shape": h.shape, "typestr": h.dtype.str, "data": (h.ctypes.data, False),
-                "strides": None if h.flags.c_contiguous else h.strides, "version": 3, "stream": None}
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from mpiutil import ROOT, describe, mpiexec_path, run_mpi
+from mpiutil import ROOT, describe, run_mpi
+from psframework.launch import mpiexec_path
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 WRAPPER = os.path.join(ROOT, "hpc", "psf-mpirun")

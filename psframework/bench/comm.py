@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from psframework.bench.machine import cpu_model
 from psframework.fileio import atomic_write_json, atomic_write_text
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -294,16 +295,7 @@ def machine_info(comm: Any) -> Dict[str, Any]:
     import torch
     from mpi4py import MPI
 
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
             "mpi4py": mpi4py.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "world_size": comm.Get_size(),

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
+from psframework.bench.machine import cpu_model
 from psframework.fileio import atomic_write_json, atomic_write_text
 from psframework.launch import run_mpi
 
@@ -45,18 +46,9 @@ def run_case(label: str, config: str, ranks: int, overrides: Sequence[str], out_
 
 def machine() -> str:
     """Describe the machine the benchmark ran on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     import torch
 
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
             f"{platform.system()} {platform.release()}")
 
 
@@ -64,6 +56,11 @@ def report(cases: Dict[str, Dict], args: argparse.Namespace) -> tuple:
     """Return (markdown, json object) of the results."""
     def ratio(a: str, b: str) -> float:
         return cases[a]["mean_iteration_s"] / cases[b]["mean_iteration_s"]
+
+    def lag(label: str) -> str:
+        slow = cases[label]["workers"]["2"]
+        return (f"skipped {slow['replies_skipped']:.0f} of {slow['replies_sent'] + slow['replies_skipped']:.0f} "
+                f"replies and fell up to {slow['max_behind']:.0f} commands behind, applying every update")
 
     sazd_ratio = ratio("sazd, straggler", "sazd, none")
     uncoded_ratio = ratio("uncoded, straggler", "uncoded, none")
@@ -95,8 +92,8 @@ def report(cases: Dict[str, Dict], args: argparse.Namespace) -> tuple:
         "",
         "## Ratios",
         "",
-        f"- `sazd`: iteration time with the straggler / without: **{sazd_ratio:.2f}** (the server decodes from "
-        "the first 3 of 4 replies, so the slow worker is not waited for).",
+        f"- `sazd`: iteration time with the straggler / without: **{sazd_ratio:.2f}** (rank 0 decodes from "
+        "the first 3 of 4 replies; the slowed worker " + lag("sazd, straggler") + ").",
         f"- `uncoded`: iteration time with the straggler / without: **{uncoded_ratio:.2f}** (every worker is "
         "needed, so each round waits for the slow one).",
         f"- `sazd-naive` / `sazd` without stragglers: iteration time **{naive_time:.2f}x**, server bytes sent "

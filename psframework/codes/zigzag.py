@@ -4,16 +4,20 @@ Which symbol is solved from which packet, and in what order, depends only on the
 packets used and the block length L (in symbols), never on the data. `compile_schedule` works that
 order out once: it picks, for every symbol, the equation (packet position) with the smallest
 estimated rounding error, then groups the solved symbols into rounds of mutually independent
-solutions. Within a round, consecutive symbols solved from the same packet merge into one slice,
-and a lone symbol's evenly spaced terms are subtracted by one strided sum. The result is a short
-tuple of operations that only copy, add and subtract; it is cached per arrival set and block length.
+solutions. Within a round, consecutive symbols solved from the same packet merge into one slice.
+A lone symbol whose equation's terms and itself are evenly spaced in the decoded buffer (always so
+for the systematic and non-systematic constructions) takes one strided sum: its place first receives
+the negated packet symbol (these negations merge into few slices, done before the rounds), then the
+negated sum over the evenly spaced run is the solution. The result is a short tuple of operations
+that only copy, negate, add and subtract; it is cached per arrival set and block length.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,24 +28,19 @@ from psframework.codes.xp import Backend, axis_index
 COPY = 0  # out[dst:dst+n] = packet[slot][src:src+n]                     terms: None
 SUB = 1  # out[dst:dst+n] = packet[slot][src:src+n] - out[terms:terms+n]  terms: int
 ISUB = 2  # out[dst:dst+n] -= out[terms:terms+n]                          terms: int
-# One symbol (n == 1) whose terms are few evenly spaced runs, terms = ((start, count, step), ...):
-# out[dst] = packet[slot][src] - sum over the runs of sum(out[start + c*step] for c < count).
-RSUB = 3
-# One symbol whose terms and itself are evenly spaced, terms = (start, count, step) including dst:
-# out[dst] = -packet[slot][src]; then out[dst] = -sum(out[start + c*step] for c < count), one strided sum.
+NEG = 3  # out[dst:dst+n] = -packet[slot][src:src+n]                     terms: None
+# One symbol (n == 1) evenly spaced with its terms, terms = (start, count, step) including dst, whose
+# place a NEG has set to -packet[slot][src]: out[dst] = -sum(out[start + c*step] for c < count).
 RNEG = 4
 
 Op = Tuple[int, int, int, int, int, Any]
 
 # Primitive calls the bound schedules are made of, one array operation each: (call, a, b, c).
 _COPY_P = 0  # out[a] = packets[b][c]
-_SUB_PO = 1  # out[a] = packets[b][c] - out[d]       (a, (b, c, d))
+_SUB_PO = 1  # out[a] = packets[b][c[0]] - out[c[1]]
 _ISUB_O = 2  # out[a] -= out[b]
-_SUM = 3  # scratch = sum of by_symbol[a] over the axis
-_SUB_PS = 4  # out[a] = packets[b][c] - scratch
-_ISUB_S = 5  # out[a] -= scratch
-_NEG_P = 6  # out[a] = -packets[b][c]
-_NEG_S = 7  # out[a] = -scratch
+_NEG_P = 3  # out[a] = -packets[b][c]
+_NSUM = 4  # rows[c] = -(sum of rows[a] over the run axis); b: the run's length
 
 
 class NotDecodableError(ValueError):
@@ -63,12 +62,10 @@ class Schedule:
         """Return how many symbols the operations read from the packets and the decoded buffer."""
         total = 0
         for kind, _, n, _, _, terms in self.ops:
-            if kind == RSUB:
-                total += 1 + sum(count for _, count, _ in terms) + len(terms) - 1
-            elif kind == RNEG:
-                total += 1 + terms[1]
+            if kind == RNEG:
+                total += terms[1]
             else:
-                total += n if kind == COPY else 2 * n
+                total += n if kind in (COPY, NEG) else 2 * n
         return total
 
     def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
@@ -78,31 +75,21 @@ class Schedule:
         def span(start: int, n: int = 1) -> Tuple[slice, ...]:
             return axis_index(axis, start * s, (start + n) * s)
 
-        def strided(start: int, count: int, step: int) -> Tuple[slice, ...]:
-            # indexes the buffer viewed with the axis split into (k*L symbols, s elements)
-            return (slice(None),) * axis + (slice(start, start + (count - 1) * step + 1, step),)
-
         calls: List[Tuple[int, Any, Any, Any]] = []
         for kind, dst, n, slot, src, terms in self.ops:
             if kind == COPY:
                 calls.append((_COPY_P, span(dst, n), slot, span(src, n)))
+            elif kind == NEG:
+                calls.append((_NEG_P, span(dst, n), slot, span(src, n)))
             elif kind == SUB:
                 calls.append((_SUB_PO, span(dst, n), slot, (span(src, n), span(terms, n))))
             elif kind == ISUB:
                 calls.append((_ISUB_O, span(dst, n), span(terms, n), None))
-            elif kind == RNEG:
-                calls += [(_NEG_P, span(dst), slot, span(src)), (_SUM, strided(*terms), None, None),
-                          (_NEG_S, span(dst), None, None)]
-            else:
-                for i, (start, count, step) in enumerate(terms):
-                    if count == 1:  # a single symbol: subtracted directly
-                        calls.append((_SUB_PO, span(dst), slot, (span(src), span(start))) if i == 0
-                                     else (_ISUB_O, span(dst), span(start), None))
-                    else:
-                        calls.append((_SUM, strided(start, count, step), None, None))
-                        calls.append((_SUB_PS, span(dst), slot, span(src)) if i == 0
-                                     else (_ISUB_S, span(dst), None, None))
-        return BoundSchedule(self, axis, symbol_size, tuple(calls))
+            else:  # RNEG, on the (outer, symbols, elements) view of the buffer
+                start, count, step = terms
+                calls.append((_NSUM, (slice(None), slice(start, start + (count - 1) * step + 1, step)), count,
+                              (slice(None), dst)))
+        return BoundSchedule(self, axis, symbol_size, tuple(calls), any(c[0] == _NSUM for c in calls))
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,57 +100,48 @@ class BoundSchedule:
     axis: int
     symbol_size: int
     calls: Tuple[Tuple[int, Any, Any, Any], ...]
+    sums: bool  # whether any call is a strided sum
 
     def run(self, backend: Backend, packets: Sequence[Any], out: Any) -> None:
         """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis."""
         shape = tuple(out.shape)
         a, s = self.axis, self.symbol_size
-        by_symbol = out.reshape(shape[:a] + (shape[a] // s, s) + shape[a + 1:])
-        scratch = backend.empty(shape[:a] + (s,) + shape[a + 1:], like=out)
-        run_calls(backend, self.calls, packets, out, by_symbol, scratch, a)
+        outer, width = math.prod(shape[:a]), s * math.prod(shape[a + 1:])
+        # One row per symbol: a strided slice of rows is an evenly spaced run of symbols.
+        rows = out.reshape(outer, shape[a] // s, width)
+        scratch = backend.empty((outer, width), like=out) if self.sums else None
+        run_calls(backend, self.calls, packets, out, rows, scratch)
 
 
 def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], out: Any,
-              by_symbol: Any, scratch: Any, axis: int) -> None:
-    """Execute bound calls: copies, negations, subtractions and strided sums, one array operation each."""
-    if backend.name == "numpy":
-        subtract, negative, add_reduce, dtype = np.subtract, np.negative, np.add.reduce, out.dtype
+              rows: Any, scratch: Any) -> None:
+    """Execute bound calls: copies, negations, subtractions and negated strided sums, one array operation each."""
+    neg_sum = backend.neg_sum_into
+    if backend.name == "numpy":  # NumPy ufuncs called directly: the per-call overhead is most of a small op
+        subtract, negative = np.subtract, np.negative
         for call, a, b, c in calls:
-            if call == _SUM:
-                add_reduce(by_symbol[a], axis=axis, dtype=dtype, out=scratch)
-            elif call == _SUB_PS:
-                subtract(packets[b][c], scratch, out=out[a])
+            if call == _NSUM:
+                neg_sum(rows[c], rows[a], scratch)
+            elif call == _SUB_PO:
+                subtract(packets[b][c[0]], out[c[1]], out=out[a])
             elif call == _NEG_P:
                 negative(packets[b][c], out=out[a])
-            elif call == _NEG_S:
-                negative(scratch, out=out[a])
             elif call == _ISUB_O:
                 view = out[a]
                 subtract(view, out[b], out=view)
-            elif call == _SUB_PO:
-                subtract(packets[b][c[0]], out[c[1]], out=out[a])
-            elif call == _ISUB_S:
-                view = out[a]
-                subtract(view, scratch, out=view)
             else:
                 out[a] = packets[b][c]
         return
-    sub, isub, neg, copy, total = backend.sub, backend.isub, backend.neg, backend.copy, backend.sum_into
+    sub, isub, neg, copy = backend.sub, backend.isub, backend.neg, backend.copy
     for call, a, b, c in calls:
-        if call == _SUM:
-            total(scratch, by_symbol[a], axis)
-        elif call == _SUB_PS:
-            sub(out[a], packets[b][c], scratch)
-        elif call == _NEG_P:
-            neg(out[a], packets[b][c])
-        elif call == _NEG_S:
-            neg(out[a], scratch)
-        elif call == _ISUB_O:
-            isub(out[a], out[b])
+        if call == _NSUM:
+            neg_sum(rows[c], rows[a], scratch)
         elif call == _SUB_PO:
             sub(out[a], packets[b][c[0]], out[c[1]])
-        elif call == _ISUB_S:
-            isub(out[a], scratch)
+        elif call == _NEG_P:
+            neg(out[a], packets[b][c])
+        elif call == _ISUB_O:
+            isub(out[a], out[b])
         else:
             copy(out[a], packets[b][c])
 
@@ -189,11 +167,13 @@ def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L:
     present = T >= 0
     block, symbol, slot = _peel(T, L, used)
     levels = _levels(T, L, block, symbol, slot)
+    negated: List[Tuple[int, int, int]] = []  # (dst, slot, src) of every RNEG, filled in by _round_ops
     ops: List[Op] = []
     for level in range(1, int(levels.max()) + 1):
         chosen = levels == level
-        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
-    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
+        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen], negated))
+    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(_negations(negated) + ops),
+                    rounds=int(levels.max()))
 
 
 _compile = lru_cache(maxsize=4096)(_compile_impl)
@@ -271,8 +251,11 @@ def _levels(T: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray, slot: 
 
 
 def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray,
-               slot: np.ndarray) -> List[Op]:
-    """Return the operations of one peeling round: one group per run of symbols solved from one packet."""
+               slot: np.ndarray, negated: List[Tuple[int, int, int]]) -> List[Op]:
+    """Return the operations of one peeling round: one group per run of symbols solved from one packet.
+
+    Appends (dst, slot, src) to `negated` for every RNEG, whose place must first hold -packet[slot][src].
+    """
     order = np.lexsort((symbol, block, slot))
     block, symbol, slot = block[order], symbol[order], slot[order]
     breaks = np.flatnonzero((np.diff(symbol) != 1) | (np.diff(block) != 0) | (np.diff(slot) != 0)) + 1
@@ -291,15 +274,10 @@ def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, sy
             if a < b:
                 terms.append((a, b, int(i) * L + a - d))
         if q1 - q0 == 1 and len(terms) >= 2:
-            offsets = sorted(t[2] for t in terms)
-            whole = _progressions(sorted(offsets + [dst]))
-            if len(whole) == 1 and dst not in (whole[0][0], offsets[-1] + whole[0][2]):
-                # the symbol sits inside its evenly spaced terms: negate, one strided sum, negate back
-                ops.append((RNEG, dst, 1, r, src, whole[0]))
-                continue
-            parts = _progressions(offsets)
-            if len(parts) < len(terms):  # a strided sum saves calls
-                ops.append((RSUB, dst, 1, r, src, tuple(parts)))
+            run = _evenly_spaced(sorted([t[2] for t in terms] + [dst]))
+            if run is not None:  # one strided sum instead of a subtraction per term
+                negated.append((dst, r, src))
+                ops.append((RNEG, dst, 1, r, src, run))
                 continue
         full = next((t for t in terms if t[0] == q0 and t[1] == q1), None)
         if full is not None:
@@ -312,17 +290,22 @@ def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, sy
     return ops
 
 
-def _progressions(offsets: List[int]) -> List[Tuple[int, int, int]]:
-    """Split sorted offsets into maximal evenly spaced runs, as (start, count, step)."""
-    parts: List[Tuple[int, int, int]] = []
-    i = 0
-    while i < len(offsets):
-        if i + 1 == len(offsets):
-            parts.append((offsets[i], 1, 1))
-            break
-        step, count = offsets[i + 1] - offsets[i], 2
-        while i + count < len(offsets) and offsets[i + count] - offsets[i + count - 1] == step:
-            count += 1
-        parts.append((offsets[i], count, step))
-        i += count
-    return parts
+def _evenly_spaced(offsets: List[int]) -> Optional[Tuple[int, int, int]]:
+    """Return sorted `offsets` as (start, count, step) when they are evenly spaced, else None."""
+    step = offsets[1] - offsets[0]
+    if any(b - a != step for a, b in zip(offsets[1:], offsets[2:])):
+        return None
+    return offsets[0], len(offsets), step
+
+
+def _negations(negated: List[Tuple[int, int, int]]) -> List[Op]:
+    """Return NEG operations writing -packet[slot][src] to every dst, neighbours merged into one slice."""
+    ops: List[Op] = []
+    for dst, slot, src in sorted(negated, key=lambda x: (x[1], x[0])):
+        if ops:
+            _, last_dst, n, last_slot, last_src, _ = ops[-1]
+            if slot == last_slot and dst == last_dst + n and src == last_src + n:
+                ops[-1] = (NEG, last_dst, n + 1, slot, last_src, None)
+                continue
+        ops.append((NEG, dst, 1, slot, src, None))
+    return ops

@@ -27,7 +27,8 @@ from psframework.schemes.checkpoint import load_checkpoint, save_checkpoint
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, sgd_for
 from psframework.schemes.coded_layers import CodedWeights, LayerCoding, encode_layer, layer_codings
 from psframework.schemes.common import (build_problem, evaluate, head_optimizer, is_eval_iteration,
-                                        iteration_plan, make_optimizer, seed_everything, total_iterations)
+                                        iteration_plan, lr_factor, make_optimizer, scale_lr, seed_everything,
+                                        total_iterations)
 
 # Command kinds of the plan (mapped onto the transport's envelope kinds).
 INIT, FORWARD, BACKWARD, STATE, STOP = "init", "forward", "backward", "state", "stop"
@@ -332,6 +333,7 @@ class CodedServerRank:
             exchange.iteration = step.iteration
             t0 = time.perf_counter()
             index = torch.from_numpy(step.indices)
+            scale_lr([head_opt, post_opt] + self.conv_optimizers(), lr_factor(cfg, step.iteration, total))
             server.decode_s = 0.0
             loss = server.step(dataset.train.images[index], dataset.train.labels[index], exchange)
             self.end_step()
@@ -381,6 +383,10 @@ class CodedServerRank:
         progress.message(f"psf: done: test accuracy {accuracy:.4f}, {summary['wall_s']:.1f} s, "
                          f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {cfg.run_dir}")
         return summary
+
+    def conv_optimizers(self) -> List[torch.optim.Optimizer]:
+        """Return the server's optimizers of the conv layers (DEU: none)."""
+        return []
 
     def setup_optimizers(self, model: SplitCNN) -> None:
         """Create server-side optimizers of the conv layers (DEU: none, the workers own them)."""
@@ -470,20 +476,22 @@ class CodedWorkerRank:
         self.shapes = shapes
         # The server owns the data; it tells the workers where the run starts and ends.
         start, total, per_epoch = self.roles.comm.bcast(None, root=0)
+        self.total = total
         plan = list(command_plan(cfg, len(codings), start, total, per_epoch, stateful=self.stateful))
         self.model, self.codings = model, codings
+        self.inbox = CommandInbox(self.transport, plan, self.command_envelopes)
         self.worker: Optional[CodedWorker] = None
         for i, cmd in enumerate(plan):
             nxt = plan[i + 1] if i + 1 < len(plan) else None
             if self.peers is not None:
                 self.peers.progress()  # let peers' late packets drain and this worker's sends finish
             if cmd.kind == INIT:
-                flat = self.transport.recv(0, envelope(cmd))
+                flat = self.inbox.take(envelope(cmd))
                 self.worker = self.init_worker(model, codings, flat)
             elif cmd.kind in (FORWARD, BACKWARD):
                 x = self.receive(cmd, shapes[(cmd.kind, cmd.layer)])
                 want = cmd.kind == FORWARD or codings[cmd.layer].has_column_copy
-                stale = want and nxt is not None and self.transport.has_message(0, *_tag_parts(nxt))
+                stale = want and nxt is not None and self.inbox.arrived(nxt)
                 t0 = time.perf_counter()
                 out = self.compute(cmd, x, reply=not stale)
                 compute_s = time.perf_counter() - t0
@@ -504,10 +512,10 @@ class CodedWorkerRank:
                 self.stats.values["delay_s"] += self.delay(cmd.iteration, update_s)
                 self.stats.values["compute_s"] += compute_s + update_s
             elif cmd.kind == STATE:
-                self.transport.recv(0, envelope(cmd))
+                self.inbox.take(envelope(cmd))
                 self.transport.isend(0, flatten(self.worker.state()), envelope(cmd, reply=True))
             else:  # STOP
-                self.transport.recv(0, envelope(cmd))
+                self.inbox.take(envelope(cmd))
                 self.transport.send(0, self.stats.vector(), envelope(cmd, reply=True))
         if self.peers is not None:
             self.peers.close(timeout_s=1.0)
@@ -535,8 +543,13 @@ class CodedWorkerRank:
         """Apply a backward command's update (every one, in order, even when the reply was skipped)."""
         if cmd.kind == BACKWARD:
             coded = not self.codings[cmd.layer].has_column_copy
+            scale_lr([self.worker.optimizers[cmd.layer]], lr_factor(self.cfg, cmd.iteration, self.total))
             self.worker.update(cmd.layer, x, coded=coded)
             self.stats.values["updates"] += 1
+
+    def command_envelopes(self, cmd: Command) -> list:
+        """Return the envelopes of the messages the server sends for a command."""
+        return [envelope(cmd)]
 
     def coded_packet(self, cmd: Command) -> bool:
         """Return whether the server sends this worker its own coded packet (not the whole tensor)."""
@@ -562,7 +575,7 @@ class CodedWorkerRank:
         """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
         from psframework.comm import exchange_shards
 
-        data = self.transport.recv(0, envelope(cmd))
+        data = self.inbox.take(envelope(cmd))
         if self.peers is None or self.coded_packet(cmd):
             return data
         out = {peer: torch.empty_like(data) for peer in range(self.n) if peer != self.j}
@@ -572,9 +585,50 @@ class CodedWorkerRank:
         return self.dissemination.restore(packets, shape, torch.float32)
 
 
-def _tag_parts(cmd: Command) -> tuple:
-    env = envelope(cmd)
-    return env.kind, env.layer, env.phase
+class CommandInbox:
+    """Receives posted ahead for the next commands of the plan.
+
+    A worker that lags still takes the server's messages off the wire as they come (while it
+    computes or sleeps), so the server's send buffers never fill up behind it; and a command that
+    has arrived tells the worker that its current reply is no longer needed.
+    """
+
+    def __init__(self, transport: Any, plan: Sequence[Command], envelopes_of: Any, window: int = 24):
+        self.transport = transport
+        self.plan = list(plan)
+        self.envelopes_of = envelopes_of
+        self.window = window
+        self.posted: Dict[int, Any] = {}  # tag -> (envelope, handle), at most one receive per tag
+        self.next_index = 0
+
+    def _fill(self) -> None:
+        while self.next_index < len(self.plan) and len(self.posted) < self.window:
+            envs = self.envelopes_of(self.plan[self.next_index])
+            if any(env.tag in self.posted for env in envs):
+                return  # the same tag again (next iteration): post it once the older one is taken
+            for env in envs:
+                self.posted[env.tag] = (env, self.transport.irecv(0, None, env))
+            self.next_index += 1
+
+    def take(self, env: Any) -> Any:
+        """Wait for the message of `env` (a command of the plan, in order) and return it."""
+        self._fill()
+        posted = self.posted.get(env.tag)
+        if posted is None or posted[0] != env:
+            raise RuntimeError(f"worker expected to have posted a receive for {env}")
+        data = posted[1].wait()
+        del self.posted[env.tag]
+        self._fill()
+        return data
+
+    def arrived(self, cmd: Command) -> bool:
+        """Return whether the first message of `cmd` is already in."""
+        self._fill()
+        env = self.envelopes_of(cmd)[0]
+        posted = self.posted.get(env.tag)
+        if posted is not None and posted[0] == env:
+            return posted[1].test()
+        return self.transport.has_message(0, env.kind, env.layer, env.phase)
 
 
 def activation_shapes(model: SplitCNN, batch: int) -> Dict[tuple, tuple]:

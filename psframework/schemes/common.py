@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -57,6 +58,23 @@ def head_optimizer(cfg: Config, params: Sequence[torch.nn.Parameter]) -> torch.o
     kind = t.head_optimizer or t.optimizer
     lr = t.head_lr if t.head_lr is not None else t.lr
     return make_optimizer(params, kind, lr, t.momentum, t.nesterov, t.weight_decay)
+
+
+def lr_factor(cfg: Config, iteration: int, total: int) -> float:
+    """Return the learning-rate multiplier of an iteration (1-based) under `train.lr_schedule`."""
+    if cfg.train.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * (iteration - 1) / max(total, 1)))
+    return 1.0
+
+
+def scale_lr(optimizers: Sequence[Optional[torch.optim.Optimizer]], factor: float) -> None:
+    """Set every parameter group's learning rate to its initial value times `factor`."""
+    for opt in optimizers:
+        if opt is None:
+            continue
+        for group in opt.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = group["initial_lr"] * factor
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from psframework.config import Config, dump_config
 from psframework.data import num_batches
 from psframework.metrics import Progress, RunRecorder
+from psframework.schemes.checkpoint import save_checkpoint
 from psframework.schemes.common import (build_problem, conv_optimizer, evaluate, head_optimizer,
-                                        is_eval_iteration, iteration_plan, resolve_device,
+                                        is_eval_iteration, iteration_plan, lr_factor, resolve_device, scale_lr,
                                         total_iterations)
 
 
@@ -40,6 +41,7 @@ def run(cfg: Config, comm: Any = None) -> Dict[str, Any]:
     model.train()
     for step in iteration_plan(cfg, num_train):
         t0 = time.perf_counter()
+        scale_lr([conv_opt, head_opt], lr_factor(cfg, step.iteration, total))
         index = torch.from_numpy(step.indices).to(device)
         x, y = train_x[index], train_y[index]
         conv_opt.zero_grad(set_to_none=True)
@@ -59,6 +61,7 @@ def run(cfg: Config, comm: Any = None) -> Dict[str, Any]:
             extra = f"test acc {accuracy:.4f}"
         progress.update(step.iteration, step.epoch, loss_value, extra)
 
+    save_checkpoint(f"{cfg.run_dir}/checkpoint.pt", total, model, None, head_opt, None, cfg)
     summary = recorder.finish({
         "scheme": cfg.scheme, "name": cfg.name, "model": model.name, "dataset": dataset.name,
         "world_size": 1, "n": None, "k": None, "iterations": total,

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from psframework.config import Config
-from psframework.schemes.coded import (FORWARD, Command, CodedServerRank, CodedWorkerRank, envelope, flatten,
+from psframework.schemes.coded import (BACKWARD, FORWARD, Command, CodedServerRank, CodedWorkerRank, envelope, flatten,
                                        run_ranks, unflatten)
 from psframework.schemes.coded_layers import (CodedWeights, coded_forward, coded_input_grad, encode_layer,
                                               uncoded_weight_grads)
@@ -23,6 +23,9 @@ class NaiveServerRank(CodedServerRank):
     """Rank 0: holds the conv weights, encodes them for the workers every round, updates them."""
 
     stateful = False
+
+    def conv_optimizers(self) -> List[torch.optim.Optimizer]:
+        return [self.conv_optimizer]
 
     def setup_optimizers(self, model) -> None:
         self.conv_params = [p for b in model.conv_blocks for p in (b.conv.weight, b.conv.bias)]
@@ -77,8 +80,14 @@ class NaiveWorkerRank(CodedWorkerRank):
 
     stateful = False
 
+    def command_envelopes(self, cmd: Command) -> list:
+        """Forward and backward commands come with the coded weights in a second message."""
+        if cmd.kind in (FORWARD, BACKWARD):
+            return [envelope(cmd), envelope(cmd, params=True)]
+        return [envelope(cmd)]
+
     def compute(self, cmd: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
-        flat = self.transport.recv(0, envelope(cmd, params=True))  # always taken, even when skipped
+        flat = self.inbox.take(envelope(cmd, params=True))  # always taken, even when skipped
         if not reply:
             return None
         coding = self.codings[cmd.layer]

@@ -8,26 +8,16 @@ and, with the device copies replaced by host copies, the staging path through ho
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 
 import numpy as np
 import torch
 
 from psframework.comm import Envelope, Kind, MessageMismatch, Phase, Transport, detect_cuda_aware, setup_roles
 from psframework.comm import buffers
-
-
-class FakeDeviceArray:
-    """Host memory dressed as a CUDA array (interface version 3, no stream to synchronise)."""
-
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        h = self.host
-        strides = None if h.flags.c_contiguous else h.strides
-        return {"shape": h.shape, "typestr": h.dtype.str, "data": (h.ctypes.data, False),
-                "strides": strides, "version": 3, "stream": None}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fakedevice import FakeDeviceArray  # noqa: E402
 
 
 def _pointer(obj) -> int:
