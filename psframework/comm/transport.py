@@ -39,28 +39,28 @@ ARRIVED, LATE, SUPERSEDED, CANCELLED = "arrived", "late", "superseded", "cancell
 # Polling waits yield the core after each fruitless poll: free when a rank has its core to itself,
 # and it keeps oversubscribed nodes (more ranks than cores) moving.
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-SPIN_POLLS = 200  # polls before a waiting rank starts to sleep between polls
-FIRST_SLEEP_S = 10e-6
+SPIN_S = 2e-3  # a waiting rank polls without sleeping this long first: large transfers need its polls
+FIRST_SLEEP_S = 20e-6
 
 
 class Backoff:
     """Pause between polls of a wait: spin first, then sleep, doubling up to `max_sleep_s`.
 
     A blocking MPI wait spins at full speed; when ranks outnumber cores that spinning takes the CPU
-    from the ranks that compute, so waits poll instead and sleep once a message is slow to come.
+    from the ranks that compute, so a wait that lasts sleeps between its polls. The first
+    milliseconds are spun: a large message moves only while both ranks poll.
     """
 
-    __slots__ = ("max_sleep_s", "polls", "sleep_s")
+    __slots__ = ("max_sleep_s", "spin_until", "sleep_s")
 
     def __init__(self, max_sleep_s: float) -> None:
         self.max_sleep_s = max_sleep_s
-        self.polls = 0
+        self.spin_until = time.perf_counter() + SPIN_S
         self.sleep_s = FIRST_SLEEP_S
 
     def pause(self) -> None:
         """Wait a little before the next poll."""
-        self.polls += 1
-        if self.max_sleep_s <= 0.0 or self.polls <= SPIN_POLLS:
+        if self.max_sleep_s <= 0.0 or time.perf_counter() < self.spin_until:
             _yield()
             return
         time.sleep(self.sleep_s)
@@ -68,8 +68,14 @@ class Backoff:
 
 
 def auto_poll_sleep(comm: Any) -> float:
-    """Return 0 (spin) when this node has a core per rank, else 1 ms (sleep between polls)."""
+    """Return PSF_POLL_SLEEP_S if set, else 0 (spin) when this node has a core per rank, else 1 ms."""
     from .threads import ranks_per_node, usable_cores
+
+    if os.environ.get("PSF_POLL_SLEEP_S"):
+        value = float(os.environ["PSF_POLL_SLEEP_S"])
+        if not value >= 0.0:
+            raise ValueError(f"PSF_POLL_SLEEP_S: got {value!r}, expected seconds >= 0")
+        return value
 
     ranks, _ = ranks_per_node(comm)
     return 0.0 if ranks <= usable_cores() else 1e-3
