@@ -298,7 +298,7 @@ def machine_info(comm: Any) -> Dict[str, Any]:
     return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
             "mpi4py": mpi4py.__version__, "torch": torch.__version__, "python": platform.python_version(),
-            "world_size": comm.Get_size(),
+            "world_size": comm.Get_size(), "load_average_1min": os.getloadavg()[0],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -330,7 +330,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
              f"- host: {m['host']}, CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
              f"- MPI: {m['mpi_library']}, mpi4py {m['mpi4py']}, torch {m['torch']}, Python {m['python']}",
              f"- MPI processes: {m['world_size']} (rank 0 server, ranks 1..{m['world_size'] - 1} workers), "
-             f"measured {m['date']}"
+             f"measured {m['date']}, load average {m['load_average_1min']:.2f} at the end of the run "
+             "(above zero: other work shared the machine)"
              + ("; more processes than cores: idle and waiting ranks share cores with working ones, which "
                 "perturbs every figure, the bandwidth ones included (measure bandwidth with at most one process "
                 "per core)" if m["world_size"] > (m["cores"] or 1) else ""), "",

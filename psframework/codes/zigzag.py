@@ -4,12 +4,14 @@ Which symbol is solved from which packet, and in what order, depends only on the
 packets used and the block length L (in symbols), never on the data. `compile_schedule` works that
 order out once: it picks, for every symbol, the equation (packet position) with the smallest
 estimated rounding error, then groups the solved symbols into rounds of mutually independent
-solutions. Within a round, consecutive symbols solved from the same packet merge into one slice.
-A lone symbol whose equation's terms and itself are evenly spaced in the decoded buffer (always so
-for the systematic and non-systematic constructions) takes one strided sum: its place first receives
-the negated packet symbol (these negations merge into few slices, done before the rounds), then the
-negated sum over the evenly spaced run is the solution. The result is a short tuple of operations
-that only copy, negate, add and subtract; it is cached per arrival set and block length.
+solutions. Within a round, consecutive symbols solved from the same packet merge into one slice,
+and a lone symbol whose terms are evenly spaced in the decoded buffer (always so for the systematic
+and non-systematic constructions) is solved by one strided sum. The result is a short tuple of
+operations that only copy, add and subtract; it is cached per arrival set and block length.
+
+Binding turns the operations into array calls for one layout. Every strided sum becomes one call
+that reads each summed symbol once, and the negated packet symbols that RNEG operations start from
+are written before the first round, neighbours merged into one slice.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from psframework.codes.xp import Backend, axis_index
 COPY = 0  # out[dst:dst+n] = packet[slot][src:src+n]                     terms: None
 SUB = 1  # out[dst:dst+n] = packet[slot][src:src+n] - out[terms:terms+n]  terms: int
 ISUB = 2  # out[dst:dst+n] -= out[terms:terms+n]                          terms: int
-NEG = 3  # out[dst:dst+n] = -packet[slot][src:src+n]                     terms: None
-# One symbol (n == 1) evenly spaced with its terms, terms = (start, count, step) including dst, whose
-# place a NEG has set to -packet[slot][src]: out[dst] = -sum(out[start + c*step] for c < count).
+# One symbol (n == 1) just before the evenly spaced run of its terms, terms = (start, count, step):
+# out[dst] = packet[slot][src] - sum(out[start + c*step] for c < count).
+RSUB = 3
+# One symbol inside or at the end of the evenly spaced run of its terms and itself, terms = (start, count,
+# step) including dst: out[dst] = -packet[slot][src]; then out[dst] = -sum(out[start + c*step] for c < count).
 RNEG = 4
 
 Op = Tuple[int, int, int, int, int, Any]
@@ -40,7 +44,8 @@ _COPY_P = 0  # out[a] = packets[b][c]
 _SUB_PO = 1  # out[a] = packets[b][c[0]] - out[c[1]]
 _ISUB_O = 2  # out[a] -= out[b]
 _NEG_P = 3  # out[a] = -packets[b][c]
-_NSUM = 4  # rows[c] = -(sum of rows[a] over the run axis); b: the run's length
+_IADD_P = 4  # out[a] += packets[b][c]
+_NSUM = 5  # rows[c] = -(sum of rows[a] over the run axis), where rows[c] may be one of the summed symbols
 
 
 class NotDecodableError(ValueError):
@@ -62,34 +67,43 @@ class Schedule:
         """Return how many symbols the operations read from the packets and the decoded buffer."""
         total = 0
         for kind, _, n, _, _, terms in self.ops:
-            if kind == RNEG:
-                total += terms[1]
+            if kind in (RSUB, RNEG):
+                total += 1 + terms[1]
             else:
-                total += n if kind in (COPY, NEG) else 2 * n
+                total += n if kind == COPY else 2 * n
         return total
 
     def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
-        """Return the schedule as primitive calls whose symbol offsets are index tuples along `axis`."""
+        """Return the schedule as primitive calls whose symbol offsets are index tuples along `axis`.
+
+        Strided sums index the decoded buffer viewed as (outer, symbols, elements per symbol).
+        """
         s = symbol_size
 
         def span(start: int, n: int = 1) -> Tuple[slice, ...]:
             return axis_index(axis, start * s, (start + n) * s)
 
+        def run(start: int, count: int, step: int) -> Tuple[slice, slice]:
+            return slice(None), slice(start, start + (count - 1) * step + 1, step)
+
+        negations: List[Tuple[int, int, int]] = []  # (slot, dst, src): where the RNEG sums start from
         calls: List[Tuple[int, Any, Any, Any]] = []
         for kind, dst, n, slot, src, terms in self.ops:
             if kind == COPY:
                 calls.append((_COPY_P, span(dst, n), slot, span(src, n)))
-            elif kind == NEG:
-                calls.append((_NEG_P, span(dst, n), slot, span(src, n)))
             elif kind == SUB:
                 calls.append((_SUB_PO, span(dst, n), slot, (span(src, n), span(terms, n))))
             elif kind == ISUB:
                 calls.append((_ISUB_O, span(dst, n), span(terms, n), None))
-            else:  # RNEG, on the (outer, symbols, elements) view of the buffer
-                start, count, step = terms
-                calls.append((_NSUM, (slice(None), slice(start, start + (count - 1) * step + 1, step)), count,
-                              (slice(None), dst)))
-        return BoundSchedule(self, axis, symbol_size, tuple(calls), any(c[0] == _NSUM for c in calls))
+            elif kind == RSUB:  # -sum, then + packet: rounds exactly as packet - sum
+                calls.append((_NSUM, run(*terms), None, (slice(None), dst)))
+                calls.append((_IADD_P, span(dst), slot, span(src)))
+            else:
+                calls.append((_NSUM, run(*terms), None, (slice(None), dst)))
+                negations.append((slot, dst, src))
+        # An RNEG's symbol is unsolved, so unread, until its own sum: its start value can be written first.
+        first = [(_NEG_P, span(dst, n), slot, span(src, n)) for slot, dst, src, n in _merge_runs(negations)]
+        return BoundSchedule(self, axis, symbol_size, tuple(first + calls), any(c[0] == _NSUM for c in calls))
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,10 +129,10 @@ class BoundSchedule:
 
 def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], out: Any,
               rows: Any, scratch: Any) -> None:
-    """Execute bound calls: copies, negations, subtractions and negated strided sums, one array operation each."""
+    """Execute bound calls: copies, negations, additions, subtractions and negated strided sums."""
     neg_sum = backend.neg_sum_into
     if backend.name == "numpy":  # NumPy ufuncs called directly: the per-call overhead is most of a small op
-        subtract, negative = np.subtract, np.negative
+        add, subtract, negative = np.add, np.subtract, np.negative
         for call, a, b, c in calls:
             if call == _NSUM:
                 neg_sum(rows[c], rows[a], scratch)
@@ -126,13 +140,16 @@ def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], pack
                 subtract(packets[b][c[0]], out[c[1]], out=out[a])
             elif call == _NEG_P:
                 negative(packets[b][c], out=out[a])
+            elif call == _IADD_P:
+                view = out[a]
+                add(view, packets[b][c], out=view)
             elif call == _ISUB_O:
                 view = out[a]
                 subtract(view, out[b], out=view)
             else:
                 out[a] = packets[b][c]
         return
-    sub, isub, neg, copy = backend.sub, backend.isub, backend.neg, backend.copy
+    sub, isub, iadd, neg, copy = backend.sub, backend.isub, backend.iadd, backend.neg, backend.copy
     for call, a, b, c in calls:
         if call == _NSUM:
             neg_sum(rows[c], rows[a], scratch)
@@ -140,6 +157,8 @@ def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], pack
             sub(out[a], packets[b][c[0]], out[c[1]])
         elif call == _NEG_P:
             neg(out[a], packets[b][c])
+        elif call == _IADD_P:
+            iadd(out[a], packets[b][c])
         elif call == _ISUB_O:
             isub(out[a], out[b])
         else:
@@ -167,13 +186,11 @@ def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L:
     present = T >= 0
     block, symbol, slot = _peel(T, L, used)
     levels = _levels(T, L, block, symbol, slot)
-    negated: List[Tuple[int, int, int]] = []  # (dst, slot, src) of every RNEG, filled in by _round_ops
     ops: List[Op] = []
     for level in range(1, int(levels.max()) + 1):
         chosen = levels == level
-        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen], negated))
-    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(_negations(negated) + ops),
-                    rounds=int(levels.max()))
+        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
+    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
 
 
 _compile = lru_cache(maxsize=4096)(_compile_impl)
@@ -251,11 +268,8 @@ def _levels(T: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray, slot: 
 
 
 def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray,
-               slot: np.ndarray, negated: List[Tuple[int, int, int]]) -> List[Op]:
-    """Return the operations of one peeling round: one group per run of symbols solved from one packet.
-
-    Appends (dst, slot, src) to `negated` for every RNEG, whose place must first hold -packet[slot][src].
-    """
+               slot: np.ndarray) -> List[Op]:
+    """Return the operations of one peeling round: one group per run of symbols solved from one packet."""
     order = np.lexsort((symbol, block, slot))
     block, symbol, slot = block[order], symbol[order], slot[order]
     breaks = np.flatnonzero((np.diff(symbol) != 1) | (np.diff(block) != 0) | (np.diff(slot) != 0)) + 1
@@ -276,8 +290,10 @@ def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, sy
         if q1 - q0 == 1 and len(terms) >= 2:
             run = _evenly_spaced(sorted([t[2] for t in terms] + [dst]))
             if run is not None:  # one strided sum instead of a subtraction per term
-                negated.append((dst, r, src))
-                ops.append((RNEG, dst, 1, r, src, run))
+                start, count, step = run
+                # Both kinds sum the terms in increasing order, the packet symbol placed where dst is.
+                ops.append((RSUB, dst, 1, r, src, (start + step, count - 1, step)) if dst == start
+                           else (RNEG, dst, 1, r, src, run))
                 continue
         full = next((t for t in terms if t[0] == q0 and t[1] == q1), None)
         if full is not None:
@@ -298,14 +314,14 @@ def _evenly_spaced(offsets: List[int]) -> Optional[Tuple[int, int, int]]:
     return offsets[0], len(offsets), step
 
 
-def _negations(negated: List[Tuple[int, int, int]]) -> List[Op]:
-    """Return NEG operations writing -packet[slot][src] to every dst, neighbours merged into one slice."""
-    ops: List[Op] = []
-    for dst, slot, src in sorted(negated, key=lambda x: (x[1], x[0])):
-        if ops:
-            _, last_dst, n, last_slot, last_src, _ = ops[-1]
+def _merge_runs(symbols: List[Tuple[int, int, int]]) -> List[Tuple[int, int, int, int]]:
+    """Merge (slot, dst, src) symbol copies into (slot, dst, src, n) runs of consecutive dst and src."""
+    runs: List[Tuple[int, int, int, int]] = []
+    for slot, dst, src in sorted(symbols):
+        if runs:
+            last_slot, last_dst, last_src, n = runs[-1]
             if slot == last_slot and dst == last_dst + n and src == last_src + n:
-                ops[-1] = (NEG, last_dst, n + 1, slot, last_src, None)
+                runs[-1] = (slot, last_dst, last_src, n + 1)
                 continue
-        ops.append((NEG, dst, 1, slot, src, None))
-    return ops
+        runs.append((slot, dst, src, 1))
+    return runs
