@@ -45,3 +45,8 @@ def test_a_rank_that_raises_ends_the_whole_job_non_zero_within_15_s():
     assert "deliberate failure on rank 2" in proc.stderr, describe(proc)
     assert "unreachable" not in proc.stdout
     assert elapsed < 15, f"the job took {elapsed:.1f} s to end after a rank raised\n{describe(proc)}"
+
+
+def test_mailbox_takes_everything_in_and_hands_it_out_by_envelope():
+    proc = run_mpi(2, "mailbox.py", timeout=60)
+    assert proc.returncode == 0 and "OK mailbox" in proc.stdout, describe(proc)

@@ -17,7 +17,7 @@ _EXPORTS = {
     "CudaAwareness": "cuda", "detect_cuda_aware": "cuda", "resolve_cuda_aware": "cuda",
     "Transport": "transport", "TransportStats": "transport", "FirstK": "transport", "Gather": "transport",
     "SendHandle": "transport", "RecvHandle": "transport", "DrainReport": "transport",
-    "ShardExchange": "exchange", "exchange_shards": "exchange",
+    "ShardExchange": "exchange", "exchange_shards": "exchange", "Mailbox": "mailbox",
     "Roles": "roles", "setup_roles": "roles",
     "StragglerSpec": "stragglers", "Stragglers": "stragglers",
     "ThreadPlan": "threads", "plan_threads": "threads", "apply_threads": "threads",
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
     from .errors import MessageMismatch, WatchdogTimeout
     from .exchange import ShardExchange, exchange_shards
+    from .mailbox import Mailbox
     from .roles import Roles, setup_roles
     from .stragglers import StragglerSpec, Stragglers
     from .threads import ThreadPlan, apply_threads, configure_threads, plan_threads

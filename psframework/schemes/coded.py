@@ -479,7 +479,11 @@ class CodedWorkerRank:
         self.total = total
         plan = list(command_plan(cfg, len(codings), start, total, per_epoch, stateful=self.stateful))
         self.model, self.codings = model, codings
-        self.inbox = CommandInbox(self.transport, plan, self.command_envelopes)
+        from psframework.comm import Mailbox
+
+        # Every message from the server is taken off the wire as it comes, even while this worker
+        # lags behind: the server's queues never fill up, and a waiting command marks stale work.
+        self.inbox = Mailbox(self.transport, 0)
         self.worker: Optional[CodedWorker] = None
         for i, cmd in enumerate(plan):
             nxt = plan[i + 1] if i + 1 < len(plan) else None
@@ -491,7 +495,7 @@ class CodedWorkerRank:
             elif cmd.kind in (FORWARD, BACKWARD):
                 x = self.receive(cmd, shapes[(cmd.kind, cmd.layer)])
                 want = cmd.kind == FORWARD or codings[cmd.layer].has_column_copy
-                stale = want and nxt is not None and self.inbox.arrived(nxt)
+                stale = want and nxt is not None and self.inbox.has(self.command_envelopes(nxt)[0])
                 t0 = time.perf_counter()
                 out = self.compute(cmd, x, reply=not stale)
                 compute_s = time.perf_counter() - t0
@@ -517,6 +521,7 @@ class CodedWorkerRank:
             else:  # STOP
                 self.inbox.take(envelope(cmd))
                 self.transport.send(0, self.stats.vector(), envelope(cmd, reply=True))
+        self.inbox.close()
         if self.peers is not None:
             self.peers.close(timeout_s=1.0)
         self.transport.close(timeout_s=1.0)
@@ -526,6 +531,7 @@ class CodedWorkerRank:
         def sleep(seconds: float) -> None:
             end = time.perf_counter() + seconds
             while (left := end - time.perf_counter()) > 0:
+                self.inbox.progress()
                 self.transport.progress()
                 if self.peers is not None:
                     self.peers.progress()
@@ -583,52 +589,6 @@ class CodedWorkerRank:
         packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, shape, torch.float32)
-
-
-class CommandInbox:
-    """Receives posted ahead for the next commands of the plan.
-
-    A worker that lags still takes the server's messages off the wire as they come (while it
-    computes or sleeps), so the server's send buffers never fill up behind it; and a command that
-    has arrived tells the worker that its current reply is no longer needed.
-    """
-
-    def __init__(self, transport: Any, plan: Sequence[Command], envelopes_of: Any, window: int = 24):
-        self.transport = transport
-        self.plan = list(plan)
-        self.envelopes_of = envelopes_of
-        self.window = window
-        self.posted: Dict[int, Any] = {}  # tag -> (envelope, handle), at most one receive per tag
-        self.next_index = 0
-
-    def _fill(self) -> None:
-        while self.next_index < len(self.plan) and len(self.posted) < self.window:
-            envs = self.envelopes_of(self.plan[self.next_index])
-            if any(env.tag in self.posted for env in envs):
-                return  # the same tag again (next iteration): post it once the older one is taken
-            for env in envs:
-                self.posted[env.tag] = (env, self.transport.irecv(0, None, env))
-            self.next_index += 1
-
-    def take(self, env: Any) -> Any:
-        """Wait for the message of `env` (a command of the plan, in order) and return it."""
-        self._fill()
-        posted = self.posted.get(env.tag)
-        if posted is None or posted[0] != env:
-            raise RuntimeError(f"worker expected to have posted a receive for {env}")
-        data = posted[1].wait()
-        del self.posted[env.tag]
-        self._fill()
-        return data
-
-    def arrived(self, cmd: Command) -> bool:
-        """Return whether the first message of `cmd` is already in."""
-        self._fill()
-        env = self.envelopes_of(cmd)[0]
-        posted = self.posted.get(env.tag)
-        if posted is not None and posted[0] == env:
-            return posted[1].test()
-        return self.transport.has_message(0, env.kind, env.layer, env.phase)
 
 
 def activation_shapes(model: SplitCNN, batch: int) -> Dict[tuple, tuple]:

@@ -1,0 +1,94 @@
+"""A mailbox that takes every message from one source off the wire as soon as it arrives.
+
+A rank that falls behind (a straggler) still receives its messages while it computes or sleeps,
+whatever their tags, so its sender's buffers and queues never fill up behind it. Messages are kept
+by envelope until taken. Use it for every receive from that source on its transport: its header
+receive matches any tag.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from mpi4py import MPI
+
+from .buffers import allocate, recv_buffer, tensor_info
+from .envelope import Envelope, Header, decode_header, new_header_buffer
+from .errors import WatchdogTimeout
+from .transport import DEFAULT, Backoff, Transport
+
+
+class Mailbox:
+    """Receive everything `source` sends on `transport`, in order, and hand it out by envelope."""
+
+    def __init__(self, transport: Transport, source: int) -> None:
+        self.transport = transport
+        self.source = source
+        self.kept: Dict[Tuple[int, int], Tuple[Header, Any]] = {}  # (tag, iteration) -> message
+        self._header = new_header_buffer()
+        self._pending: Optional[Tuple[Header, Any, Any]] = None  # a payload on its way
+        self._request = self._post_header()
+
+    def _post_header(self) -> Any:
+        return self.transport.comm.Irecv([self._header, MPI.BYTE], self.source, MPI.ANY_TAG)
+
+    def progress(self) -> None:
+        """Take in every message that has arrived by now."""
+        status = MPI.Status()
+        while self._request is not None and self._request.Test(status):
+            tag = status.Get_tag()
+            if self._pending is None:
+                header = decode_header(self._header)
+                if header.envelope.tag != tag:
+                    raise RuntimeError(f"message from rank {self.source}: header says {header.envelope}, "
+                                       f"tag {tag} does not match")
+                if header.nbytes:
+                    out = allocate(header.dtype, header.shape)
+                    wire = recv_buffer(out, self.transport.cuda_aware, self.transport._pool, tensor_info(out))
+                    self._pending = (header, out, wire)
+                    # The payload follows its header with the same tag: this receive matches it first.
+                    self._request = self.transport.comm.Irecv([wire.data, MPI.BYTE], self.source, tag)
+                    continue
+                self._keep(header, allocate(header.dtype, header.shape))
+            else:
+                header, out, wire = self._pending
+                self._pending = None
+                wire.done(received=True)
+                self._keep(header, out)
+            self._request = self._post_header()
+
+    def _keep(self, header: Header, data: Any) -> None:
+        stats = self.transport.stats
+        stats.received_messages += 1
+        stats.received_bytes += header.nbytes
+        self.kept[(header.envelope.tag, header.envelope.iteration)] = (header, data)
+
+    def has(self, envelope: Envelope) -> bool:
+        """Return whether the message of `envelope` has arrived."""
+        self.progress()
+        return (envelope.tag, envelope.iteration) in self.kept
+
+    def take(self, envelope: Envelope, timeout_s: Any = DEFAULT) -> Any:
+        """Wait for the message of `envelope` and return its tensor; the watchdog bounds the wait."""
+        timeout = self.transport._timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff(self.transport.poll_sleep_s)
+        key = (envelope.tag, envelope.iteration)
+        while True:
+            self.progress()
+            if key in self.kept:
+                header, data = self.kept.pop(key)
+                if header.envelope != envelope:
+                    raise RuntimeError(f"message from rank {self.source}: expected {envelope}, got {header.envelope}")
+                return data
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WatchdogTimeout([self.source], str(envelope), timeout or 0.0)
+            backoff.pause()
+
+    def close(self) -> None:
+        """Cancel the receive waiting for a next message (none may come any more)."""
+        if self._request is not None and self._pending is None:
+            self._request.Cancel()
+            self._request.Wait()
+        self._request = None
