@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from psframework.codes import (NotDecodableError, SAZDCode, compile_schedule, has_increasing_difference,
                                nonsystematic_shifts, systematic_shifts)
-from psframework.codes.zigzag import COPY, ISUB, RNEG, RSUB, SUB
+from psframework.codes.xp import backend_of
+from psframework.codes.zigzag import _NEG_P, _NSUM, COPY, ISUB, RNEG, RSUB, SUB
 
 
 def relative_error(decoded, blocks) -> float:
@@ -315,3 +316,71 @@ def test_strided_sums_are_exact_on_both_backends():
     packets = code.encode(symbol_blocks, axis=1, symbol_size=2)
     decoded = code.decode({j: packets[j] for j in chosen}, axis=1, symbol_size=2)
     assert all(np.array_equal(got, want) for got, want in zip(decoded, symbol_blocks))
+
+
+def test_bound_schedule_writes_merged_negations_first():
+    code = SAZDCode(12, 8)
+    used = (4, 5, 6, 7, 8, 9, 10, 11)
+    rnegs = [op for op in code.schedule(used, 16).ops if op[0] == RNEG]
+    calls = code.program(used, 16, 0, 1).calls
+    negs = [call for call in calls if call[0] == _NEG_P]
+    assert calls[:len(negs)] == tuple(negs)  # before the first round
+    assert len(negs) < len(rnegs)  # neighbouring start values share one slice
+    starts = {(slot, dst.start + j, src.start + j)
+              for _, (dst,), slot, (src,) in negs for j in range(dst.stop - dst.start)}
+    assert starts == {(slot, dst, src) for _, dst, _, slot, src, _ in rnegs}
+    assert sum(call[0] == _NSUM for call in calls) == sum(op[0] in (RSUB, RNEG) for op in code.schedule(used, 16).ops)
+
+
+def test_unevenly_spaced_terms_fall_back_to_subtractions():
+    # parity rows (0, 1, 3) and (0, 2, 5) space a symbol's terms unevenly in the decoded buffer: no strided sum
+    shifts = np.array([[0, -1, -1], [-1, 0, -1], [-1, -1, 0], [0, 1, 3], [0, 2, 5]])
+    assert has_increasing_difference(shifts)
+    L, used = 6, (2, 3, 4)
+    schedule = compile_schedule(shifts, used, L)
+    kinds = {op[0] for op in schedule.ops}
+    assert not kinds & {RSUB, RNEG} and ISUB in kinds
+    rng = np.random.default_rng(6)
+    for dtype in (np.int16, np.float64):
+        blocks = rng.integers(-2**15, 2**15, size=(3, L, 4)).astype(dtype)
+        packets = []
+        for j in used:
+            packet = np.zeros((L + 5, 4), dtype=dtype)
+            for i in np.flatnonzero(shifts[j] >= 0):
+                packet[shifts[j, i]:shifts[j, i] + L] += blocks[i]
+            packets.append(packet)
+        out = np.empty((3 * L, 4), dtype=dtype)
+        schedule.bind(0, 1).run(backend_of(out), packets, out)
+        np.testing.assert_array_equal(out, blocks.reshape(3 * L, 4))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128, np.int32, np.uint8])
+def test_strided_sums_across_dtypes_and_layouts(dtype):
+    code = SAZDCode(12, 8)
+    chosen = (4, 5, 6, 7, 8, 9, 10, 11)
+    rng = np.random.default_rng(7)
+    raw = rng.integers(-40, 40, size=(8, 3, 16 * 2, 5))  # small integers: every sum is exact in any dtype
+    blocks = [(b + 1j * np.flip(b) if np.dtype(dtype).kind == "c" else b).astype(dtype) for b in raw]
+    packets = code.encode(blocks, axis=1, symbol_size=2)
+    decoded = code.decode({j: packets[j] for j in chosen}, axis=1, symbol_size=2)
+    for got, want in zip(decoded, blocks):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    if np.dtype(dtype).kind != "c":
+        t_decoded = code.decode({j: torch.from_numpy(packets[j].copy()) for j in chosen}, axis=1, symbol_size=2)
+        for got, want in zip(t_decoded, blocks):
+            np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("dtype, count", [(np.float32, 5), (np.float64, 8), (np.float32, 11), (np.int64, 5),
+                                          (np.complex64, 3)])
+def test_negated_sum_may_write_over_a_summed_slice(dtype, count):
+    # short floating sums take BLAS, the rest a ufunc reduction; both may overwrite one of their inputs
+    rng = np.random.default_rng(count)
+    rows = rng.integers(-1000, 1000, size=(2, 40, 6)).astype(dtype)
+    run = (slice(None), slice(1, 1 + 3 * (count - 1) + 1, 3))
+    want = -rows[run].sum(axis=1)
+    backend = backend_of(rows)
+    backend.neg_sum_into(rows[:, 7], rows[run], np.empty((2, 6), dtype=dtype))  # row 7 is in the run
+    np.testing.assert_array_equal(rows[:, 7], want)
+

@@ -330,8 +330,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
              f"- host: {m['host']}, CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
              f"- MPI: {m['mpi_library']}, mpi4py {m['mpi4py']}, torch {m['torch']}, Python {m['python']}",
              f"- MPI processes: {m['world_size']} (rank 0 server, ranks 1..{m['world_size'] - 1} workers), "
-             f"measured {m['date']}, load average {m['load_average_1min']:.2f} at the end of the run "
-             "(above zero: other work shared the machine)"
+             f"measured {m['date']}; 1-minute load average {m['load_average_1min']:.2f} at the end of the run "
+             f"(the run's own {m['world_size']} processes count in it: well above that, other work shared the "
+             "machine)"
              + ("; more processes than cores: idle and waiting ranks share cores with working ones, which "
                 "perturbs every figure, the bandwidth ones included (measure bandwidth with at most one process "
                 "per core)" if m["world_size"] > (m["cores"] or 1) else ""), "",
@@ -381,7 +382,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
         n = fk[0]["workers"]
         names = [key[:-2] for key in fk[0] if key.endswith("_s") and not key.startswith("overhead")]
         lines += ["## First-k-of-n overhead", "",
-                  f"One round: the server sends a small command to each of the {n} workers and receives one reply "
+                  f"One round: the server sends a small command to each worker ({n} here) and receives one reply "
                   "of the given size from each. raw: MPI Irecv/Waitall without envelopes; plain: the transport's "
                   f"blocking receives in rank order; first-{n}-of-{n}: pre-posted receives and a wait for all "
                   "replies, the same work as plain; the overheads compare it with plain and with raw. Plain "
