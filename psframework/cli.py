@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from psframework import __version__
 from psframework.config import ConfigError, dump_config, load_config

@@ -60,7 +60,7 @@ def train_both(code, overrides, iterations=12):
                            t.lr, t.momentum, t.nesterov, t.weight_decay) for j in range(code.n)]
     bn = [p for b in model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
     post = make_optimizer(bn, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if bn else None
-    server = CodedServer(model, code, codings, head_optimizer(cfg, model.head_parameters()), post)
+    server = CodedServer(model, code, codings, [head_optimizer(cfg, model.head_parameters()), post])
     exchange = LocalExchange(workers, code.k)
     gen = torch.Generator().manual_seed(1)
     size = model.input_size

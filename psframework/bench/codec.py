@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from psframework.bench.machine import cpu_model
 from psframework.codes import PolyCode, SAZDCode, measure_decode_error
 from psframework.fileio import atomic_write_json, atomic_write_text
 
@@ -210,16 +211,7 @@ def machine_info() -> Dict[str, Any]:
     """Return what the figures were measured on."""
     import torch
 
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "numpy": np.__version__,
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "numpy": np.__version__,
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -18,14 +18,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from psframework.codes import Code, SAZDCode, from_bits, join_blocks, make_code, split_blocks, to_bits
+from psframework.comm import Envelope, Kind, Phase  # envelopes only: no MPI import
+from psframework.codes import Code, SAZDCode, from_bits, make_code, split_blocks, to_bits
 from psframework.config import Config, dump_config
 from psframework.data import dataset_shape, num_batches
 from psframework.metrics import Progress, RunRecorder
 from psframework.models import SplitCNN, build_model
 from psframework.schemes.checkpoint import load_checkpoint, save_checkpoint
-from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, sgd_for
-from psframework.schemes.coded_layers import CodedWeights, LayerCoding, encode_layer, layer_codings
+from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state
+from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_codings
 from psframework.schemes.common import (build_problem, evaluate, head_optimizer, is_eval_iteration,
                                         iteration_plan, lr_factor, make_optimizer, scale_lr, seed_everything,
                                         total_iterations)
@@ -79,8 +80,6 @@ def command_plan(cfg: Config, num_layers: int, start: int, total: int, per_epoch
 
 def envelope(cmd: Command, reply: bool = False, shard: bool = False, params: bool = False):
     """Return the transport envelope of a command (or of its reply, a relayed shard, or its weights)."""
-    from psframework.comm import Envelope, Kind, Phase
-
     if cmd.kind in (FORWARD, BACKWARD):
         phase = Phase.FORWARD if cmd.kind == FORWARD else Phase.BACKWARD
         kind = Kind.SHARD if shard else Kind.PARAMS if params else (Kind.REPLY if reply else Kind.COMMAND)
@@ -145,7 +144,6 @@ class Dissemination:
     """Deliver a tensor from the server to every worker: direct, or relayed as SA-coded packets."""
 
     def __init__(self, mode: str, n: int, k: int):
-        self.mode = mode
         self.code = SAZDCode(n, k) if mode == "relay" else None
         self.n, self.k = n, k
 
@@ -200,13 +198,9 @@ class MPIExchange:
         self.iteration = 0
 
     def forward(self, layer: int, x: torch.Tensor) -> Dict[int, torch.Tensor]:
-        self.rank.before_forward(layer, x)
         return self.rank.round(Command(FORWARD, self.iteration, layer), x, want_reply=True)
 
     def backward(self, layer: int, dy: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
-        self.rank.before_backward(layer, dy)
-        if not self.rank.stateful and not want_reply:
-            return {}  # stateless workers have nothing to do for the first layer's backward
         return self.rank.round(Command(BACKWARD, self.iteration, layer), dy, want_reply)
 
 
@@ -230,23 +224,25 @@ class CodedServerRank:
     # -- one round: deliver a tensor, take the first k replies --------------------------------
     def round(self, cmd: Command, x: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
         t0 = time.perf_counter()
-        gather = self.transport.post_gather(self.workers, envelope(cmd, reply=True)) if want_reply else None
+        extra = self.round_extra(cmd, x)
+        if not (want_reply or self.stateful):
+            return {}  # stateless workers have no command for the first layer's backward (see command_plan)
         t1 = time.perf_counter()
+        gather = self.transport.post_gather(self.workers, envelope(cmd, reply=True)) if want_reply else None
+        t2 = time.perf_counter()
         if cmd.kind == BACKWARD and self.stateful and not self.codings[cmd.layer].has_column_copy:
             # Worker j only needs SA_j(dY) to update a layer without a column copy: send just that.
             packets = [p.contiguous() for p in self.codings[cmd.layer].encode(self.code, x, 1)]
         else:
             packets = self.dissemination.packets(x)
-        t2 = time.perf_counter()
-        extra = self.round_extra(cmd, x)
         t3 = time.perf_counter()
         for j, rank in enumerate(self.workers):
             self.transport.isend(rank, packets[j], envelope(cmd))
             if extra is not None:
                 self.transport.isend(rank, extra[j], envelope(cmd, params=True))
         t4 = time.perf_counter()
-        self.timings["encode_s"] += (t2 - t1) + (t3 - t2)
-        self.timings["comm_s"] += (t1 - t0) + (t4 - t3)
+        self.timings["encode_s"] += (t1 - t0) + (t3 - t2)
+        self.timings["comm_s"] += (t2 - t1) + (t4 - t3)
         t3 = t4
         if gather is None:
             return {}
@@ -261,14 +257,8 @@ class CodedServerRank:
         self.used.append(sorted(chosen))
         return {rank - 1: result.data[rank] for rank in chosen}
 
-    def before_forward(self, layer: int, x: torch.Tensor) -> None:
-        """Hook before a layer's forward round (DEU: nothing to do)."""
-
-    def before_backward(self, layer: int, dy: torch.Tensor) -> None:
-        """Hook before a layer's backward round (DEU: nothing to do)."""
-
     def round_extra(self, cmd: Command, x: torch.Tensor) -> Optional[List[torch.Tensor]]:
-        """Return a second tensor per worker to send with a command (none: workers hold their weights)."""
+        """Return a second tensor per worker to send with a command: none, DEU workers hold their weights."""
         return None
 
     def collect_state(self, iteration: int, replies: int) -> Dict[int, torch.Tensor]:
@@ -287,9 +277,6 @@ class CodedServerRank:
         for rank in self.workers:
             self.transport.isend(rank, flat, envelope(Command(INIT, start)))
 
-    def end_step(self) -> None:
-        """Finish an iteration on the server (DEU: the workers already updated the conv layers)."""
-
     def sync_state(self, iteration: int, verify: bool) -> List[Dict[str, torch.Tensor]]:
         """Bring the server's conv weights up to date; return the conv momentum for checkpoints."""
         states = self.collect_state(iteration, self.k + 1 if verify else self.k)
@@ -304,18 +291,17 @@ class CodedServerRank:
         bn = [p for b in model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
         post_opt = make_optimizer(bn, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if bn else None
         head_opt = head_optimizer(cfg, model.head_parameters())
-        self.setup_optimizers(model)
         start, momentum = 0, None
         if t.resume:
             start, momentum = load_checkpoint(t.resume, model, head_opt, post_opt)
-            self.restore_momentum(momentum)
-        server = CodedServer(model, self.code, codings, head_opt, post_opt)
+        server = CodedServer(model, self.code, codings, [head_opt, post_opt] + self.conv_optimizers(model, momentum))
         num_train = len(dataset.train)
         total = total_iterations(cfg, num_train)
         per_epoch = num_batches(num_train, cfg.data.batch_size, cfg.data.drop_last)
         # The server owns the data; it tells the workers where the run starts and ends.
         self.roles.comm.bcast((start, total, per_epoch), root=0)
-        self.start_workers(model, momentum, start)
+        if self.stateful:
+            self.start_workers(model, momentum, start)
 
         recorder = RunRecorder(cfg.run_dir, dump_config(cfg))
         progress = Progress(total - start, cfg.output.progress)
@@ -333,10 +319,9 @@ class CodedServerRank:
             exchange.iteration = step.iteration
             t0 = time.perf_counter()
             index = torch.from_numpy(step.indices)
-            scale_lr([head_opt, post_opt] + self.conv_optimizers(), lr_factor(cfg, step.iteration, total))
+            scale_lr(server.optimizers, lr_factor(cfg, step.iteration, total))
             server.decode_s = 0.0
             loss = server.step(dataset.train.images[index], dataset.train.labels[index], exchange)
-            self.end_step()
             iteration_s = time.perf_counter() - t0
             row = {"iteration": step.iteration, "epoch": step.epoch, "batch": step.batch, "loss": loss,
                    "iteration_s": iteration_s, "wall_s": recorder.elapsed(), **self.timings,
@@ -384,15 +369,10 @@ class CodedServerRank:
                          f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {cfg.run_dir}")
         return summary
 
-    def conv_optimizers(self) -> List[torch.optim.Optimizer]:
-        """Return the server's optimizers of the conv layers (DEU: none)."""
+    def conv_optimizers(self, model: SplitCNN, momentum: Optional[List[Dict[str, torch.Tensor]]]
+                        ) -> List[torch.optim.Optimizer]:
+        """Return rank 0's optimizers of the conv layers: none, DEU workers update them."""
         return []
-
-    def setup_optimizers(self, model: SplitCNN) -> None:
-        """Create server-side optimizers of the conv layers (DEU: none, the workers own them)."""
-
-    def restore_momentum(self, momentum: Optional[List[Dict[str, torch.Tensor]]]) -> None:
-        """Restore server-side conv momentum from a checkpoint (DEU: the workers get it at start)."""
 
     def install_state(self, model: SplitCNN, codings: List[LayerCoding], states: Dict[int, torch.Tensor],
                       verify: bool) -> List[Dict[str, torch.Tensor]]:
@@ -546,8 +526,11 @@ class CodedWorkerRank:
         return self.worker.on_backward(cmd.layer, x, reply=reply)
 
     def after_reply(self, cmd: Command, x: torch.Tensor) -> None:
-        """Apply a backward command's update (every one, in order, even when the reply was skipped)."""
-        if cmd.kind == BACKWARD:
+        """Apply a backward command's update (every one, in order, even when the reply was skipped).
+
+        Stateless workers (naive scheme) have nothing to update: rank 0 owns the weights.
+        """
+        if self.stateful and cmd.kind == BACKWARD:
             coded = not self.codings[cmd.layer].has_column_copy
             scale_lr([self.worker.optimizers[cmd.layer]], lr_factor(self.cfg, cmd.iteration, self.total))
             self.worker.update(cmd.layer, x, coded=coded)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from psframework.codes import Code
 from psframework.models import SplitCNN
+from psframework.schemes.common import make_optimizer
 from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
                                               coded_weight_grads, encode_layer)
 
@@ -32,12 +33,6 @@ class Exchange(Protocol):
         """Send dY_l; return at least k coded input gradients (none when `want_reply` is false)."""
 
 
-def sgd_for(params: Sequence[torch.Tensor], lr: float, momentum: float, nesterov: bool,
-            weight_decay: float) -> torch.optim.SGD:
-    """Return the SGD optimizer of coded tensors (linear, so coded copies stay consistent)."""
-    return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
-
-
 class CodedWorker:
     """Worker j: holds packet j of every conv layer's row- and column-coded weights and updates them."""
 
@@ -50,7 +45,8 @@ class CodedWorker:
         for w in weights:
             for t in w.tensors():
                 t.requires_grad_(False)
-        self.optimizers = [sgd_for(w.tensors(), lr, momentum, nesterov, weight_decay) for w in weights]
+        # SGD only: a linear step keeps every coded copy an exact image of one weight.
+        self.optimizers = [make_optimizer(w.tensors(), "sgd", lr, momentum, nesterov, weight_decay) for w in weights]
         self.inputs: List[Optional[torch.Tensor]] = [None] * len(codings)
 
     def on_forward(self, layer: int, x: torch.Tensor, reply: bool = True) -> Optional[torch.Tensor]:
@@ -106,12 +102,12 @@ class CodedServer:
     """Rank 0's side: decode conv outputs, run BatchNorm/ReLU/pooling and the head, decode gradients."""
 
     def __init__(self, model: SplitCNN, code: Code, codings: List[LayerCoding],
-                 head_optimizer: torch.optim.Optimizer, post_optimizer: Optional[torch.optim.Optimizer]):
+                 optimizers: Sequence[Optional[torch.optim.Optimizer]]):
         self.model = model
         self.code = code
         self.codings = codings
-        self.head_optimizer = head_optimizer
-        self.post_optimizer = post_optimizer
+        # The optimizers of what rank 0 trains: the head, BatchNorm and (naive scheme) the conv layers.
+        self.optimizers = [opt for opt in optimizers if opt is not None]
         self.decode_s = 0.0  # seconds spent decoding, accumulated over steps
 
     def decode(self, coding: LayerCoding, replies: Dict[int, torch.Tensor], length: int) -> torch.Tensor:
@@ -137,9 +133,8 @@ class CodedServer:
             h = out.detach()
         features = h.requires_grad_(True)
         loss = F.cross_entropy(self.model.head(features), y)
-        self.head_optimizer.zero_grad(set_to_none=True)
-        if self.post_optimizer is not None:
-            self.post_optimizer.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
         grad = features.grad
         for layer in range(len(blocks) - 1, -1, -1):
@@ -149,9 +144,8 @@ class CodedServer:
             replies = exchange.backward(layer, dy, want_reply=coding.has_column_copy)
             if coding.has_column_copy:
                 grad = self.decode(coding, replies, coding.in_channels)
-        self.head_optimizer.step()
-        if self.post_optimizer is not None:
-            self.post_optimizer.step()
+        for opt in self.optimizers:
+            opt.step()
         return float(loss.detach())
 
 

@@ -24,45 +24,38 @@ class NaiveServerRank(CodedServerRank):
 
     stateful = False
 
-    def conv_optimizers(self) -> List[torch.optim.Optimizer]:
+    def conv_optimizers(self, model, momentum: Optional[List[Dict[str, torch.Tensor]]]
+                        ) -> List[torch.optim.Optimizer]:
+        """Create the conv layers' optimizer here, on rank 0, restoring checkpointed momentum."""
+        self.conv_optimizer = conv_optimizer(self.cfg, [p for b in model.conv_blocks
+                                                        for p in (b.conv.weight, b.conv.bias)])
+        self.inputs: Dict[int, torch.Tensor] = {}
+        if momentum is not None and self.cfg.train.momentum > 0:
+            for block, m in zip(model.conv_blocks, momentum):
+                self.conv_optimizer.state[block.conv.weight]["momentum_buffer"] = m["weight_momentum"].clone()
+                self.conv_optimizer.state[block.conv.bias]["momentum_buffer"] = m["bias_momentum"].clone()
         return [self.conv_optimizer]
 
-    def setup_optimizers(self, model) -> None:
-        self.conv_params = [p for b in model.conv_blocks for p in (b.conv.weight, b.conv.bias)]
-        self.conv_optimizer = conv_optimizer(self.cfg, self.conv_params)
-        self.inputs: Dict[int, torch.Tensor] = {}
-
-    def restore_momentum(self, momentum: Optional[List[Dict[str, torch.Tensor]]]) -> None:
-        if momentum is None or self.cfg.train.momentum == 0:
-            return
-        for block, m in zip(self.model.conv_blocks, momentum):
-            self.conv_optimizer.state[block.conv.weight]["momentum_buffer"] = m["weight_momentum"].clone()
-            self.conv_optimizer.state[block.conv.bias]["momentum_buffer"] = m["bias_momentum"].clone()
-
-    def start_workers(self, model, momentum, start: int) -> None:
-        """Nothing to send: stateless workers get their weights with every command."""
-
-    def before_forward(self, layer: int, x: torch.Tensor) -> None:
-        self.inputs[layer] = x
-
-    def before_backward(self, layer: int, dy: torch.Tensor) -> None:
-        coding = self.codings[layer]
-        conv = self.model.conv_blocks[layer].conv
-        grads = uncoded_weight_grads(coding, self.inputs.pop(layer), dy, conv.weight.shape)
-        conv.weight.grad, conv.bias.grad = grads
-
     def round_extra(self, cmd: Command, x: torch.Tensor) -> Optional[List[torch.Tensor]]:
-        """Encode every worker's coded weights of this layer from the current uncoded weights."""
+        """Keep X (forward) or compute the conv weight gradients from it and dY (backward); return the
+        coded weights every worker needs for the command, encoded from the current uncoded weights.
+
+        The time spent here counts as encode_s in the metrics: weight gradients included.
+        """
+        coding = self.codings[cmd.layer]
         conv = self.model.conv_blocks[cmd.layer].conv
+        if cmd.kind == FORWARD:
+            self.inputs[cmd.layer] = x
+        else:
+            conv.weight.grad, conv.bias.grad = uncoded_weight_grads(coding, self.inputs.pop(cmd.layer), x,
+                                                                    conv.weight.shape)
+            if not coding.has_column_copy:
+                return None  # the first layer's backward needs nothing from the workers
         with torch.no_grad():
-            coded = encode_layer(self.codings[cmd.layer], self.code, conv.weight.detach(), conv.bias.detach())
+            coded = encode_layer(coding, self.code, conv.weight.detach(), conv.bias.detach())
         if cmd.kind == FORWARD:
             return [flatten([w.row_weight, w.row_bias]) for w in coded]
         return [w.col_weight.reshape(-1) for w in coded]
-
-    def end_step(self) -> None:
-        self.conv_optimizer.step()
-        self.conv_optimizer.zero_grad(set_to_none=True)
 
     def sync_state(self, iteration: int, verify: bool) -> List[Dict[str, torch.Tensor]]:
         """The server holds the weights: return its momentum buffers for checkpoints."""
@@ -98,9 +91,6 @@ class NaiveWorkerRank(CodedWorkerRank):
         weight = flat.reshape(coding.col_shape(self.code))
         return coded_input_grad(coding, x, CodedWeights(None, None, weight), self.shapes[(FORWARD, cmd.layer)])
 
-
-    def after_reply(self, cmd: Command, x: torch.Tensor) -> None:
-        """Nothing to update: the server owns the weights."""
 
 
 def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
