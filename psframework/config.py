@@ -75,6 +75,7 @@ class TrainConfig:
     verify_every: int = 0
     checkpoint_every: int = 0
     resume: Optional[str] = None
+    backup_workers: int = 0
 
 
 @dataclass
@@ -98,11 +99,18 @@ class StragglerConfig:
 
 
 @dataclass
+class EmulateConfig:
+    bandwidth_gbps: Optional[float] = None
+    latency_us: float = 0.0
+
+
+@dataclass
 class CommConfig:
     dissemination: Literal["direct", "relay"] = "direct"
     cuda_aware: Literal["auto", "true", "false"] = "auto"
     timeout_s: float = 120.0
     threads: int = 0
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
 
 
 @dataclass
@@ -293,6 +301,23 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
         _require(s.count <= c.n, f"stragglers.count: got {s.count}, expected <= n = {c.n}")
     _require(cfg.comm.timeout_s > 0, f"comm.timeout_s: got {cfg.comm.timeout_s}, expected a positive number")
     _require(cfg.comm.threads >= 0, f"comm.threads: got {cfg.comm.threads}, expected >= 0 (0 = automatic)")
+    e = cfg.comm.emulate
+    _require(e.bandwidth_gbps is None or e.bandwidth_gbps > 0,
+             f"comm.emulate.bandwidth_gbps: got {e.bandwidth_gbps}, expected a positive number of Gb/s or null (off)")
+    _require(e.latency_us >= 0, f"comm.emulate.latency_us: got {e.latency_us}, expected microseconds >= 0")
+    _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
+    if t.backup_workers:
+        _require(cfg.scheme in DATA_PARALLEL_SCHEMES,
+                 f"train.backup_workers: got {t.backup_workers} for scheme {cfg.scheme}; backup workers belong to "
+                 f"the data-parallel schemes ({', '.join(DATA_PARALLEL_SCHEMES)}), coded schemes tolerate n-k "
+                 "stragglers through code.k")
+        _require(t.backup_workers < c.n,
+                 f"train.backup_workers: got {t.backup_workers} with code.n={c.n}, expected 0 <= backup_workers < n "
+                 "(at least one worker's result is needed each round)")
+    if cfg.scheme in DATA_PARALLEL_SCHEMES:
+        _require(d.batch_size >= c.n,
+                 f"data.batch_size: got {d.batch_size} with code.n={c.n} workers, expected at least one sample "
+                 f"per worker (batch_size >= {c.n}); shards differ by at most one sample when n does not divide it")
     if m.channels is not None:
         _require(len(m.channels) > 0 and all(x > 0 for x in m.channels),
                  f"model.channels: got {m.channels}, expected a list of positive channel counts")

@@ -23,7 +23,7 @@ _EXPORTS = {
     "ThreadPlan": "threads", "plan_threads": "threads", "apply_threads": "threads",
     "configure_threads": "threads",
     "LocalRank": "binding", "GpuBinding": "binding", "local_rank": "binding", "plan_gpu_binding": "binding",
-    "bind_gpu": "binding",
+    "bind_gpu": "binding", "LinkEmulator": "emulate", "link_emulator": "emulate",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .binding import GpuBinding, LocalRank, bind_gpu, local_rank, plan_gpu_binding
     from .buffers import TensorInfo, host_empty, tensor_info
     from .cuda import CudaAwareness, detect_cuda_aware, resolve_cuda_aware
+    from .emulate import LinkEmulator, link_emulator
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
     from .errors import MessageMismatch, WatchdogTimeout
     from .exchange import ShardExchange, exchange_shards

@@ -9,7 +9,7 @@ receive matches any tag.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -69,22 +69,28 @@ class Mailbox:
         self.progress()
         return (envelope.tag, envelope.iteration) in self.kept
 
-    def take(self, envelope: Envelope, timeout_s: Any = DEFAULT) -> Any:
-        """Wait for the message of `envelope` and return its tensor; the watchdog bounds the wait."""
+    def wait_any(self, envelopes: Sequence[Envelope], timeout_s: Any = DEFAULT) -> int:
+        """Wait until one of `envelopes` has arrived; return its position (the first, if several), not taking it."""
         timeout = self.transport._timeout(timeout_s)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff(self.transport.poll_sleep_s)
-        key = (envelope.tag, envelope.iteration)
+        keys = [(e.tag, e.iteration) for e in envelopes]
         while True:
             self.progress()
-            if key in self.kept:
-                header, data = self.kept.pop(key)
-                if header.envelope != envelope:
-                    raise RuntimeError(f"message from rank {self.source}: expected {envelope}, got {header.envelope}")
-                return data
+            for position, key in enumerate(keys):
+                if key in self.kept:
+                    return position
             if deadline is not None and time.monotonic() >= deadline:
-                raise WatchdogTimeout([self.source], str(envelope), timeout or 0.0)
+                raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
             backoff.pause()
+
+    def take(self, envelope: Envelope, timeout_s: Any = DEFAULT) -> Any:
+        """Wait for the message of `envelope` and return its tensor; the watchdog bounds the wait."""
+        self.wait_any([envelope], timeout_s)
+        header, data = self.kept.pop((envelope.tag, envelope.iteration))
+        if header.envelope != envelope:
+            raise RuntimeError(f"message from rank {self.source}: expected {envelope}, got {header.envelope}")
+        return data
 
     def close(self) -> None:
         """Cancel the receive waiting for a next message (none may come any more)."""

@@ -13,6 +13,12 @@ def get_runner(scheme: str) -> Callable:
     if scheme in ("sazd", "poly", "uncoded"):
         from psframework.schemes.coded import run
         return run
+    if scheme == "ps":
+        from psframework.schemes.ps import run
+        return run
+    if scheme == "stanza":
+        from psframework.schemes.stanza import run
+        return run
     if scheme == "sazd-naive":
         from psframework.schemes.sazd_naive import run
         return run

@@ -30,6 +30,8 @@ from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_co
 from psframework.schemes.common import (build_problem, evaluate, head_optimizer, is_eval_iteration,
                                         iteration_plan, lr_factor, make_optimizer, scale_lr, seed_everything,
                                         total_iterations)
+from psframework.schemes.runtime import (WorkerStats, answer_stop, emulation_summary, make_transports, stop_workers,
+                                         straggle)
 
 # Command kinds of the plan (mapped onto the transport's envelope kinds).
 INIT, FORWARD, BACKWARD, STATE, STOP = "init", "forward", "backward", "state", "stop"
@@ -162,19 +164,6 @@ class Dissemination:
         return from_bits(bits.contiguous(), dtype).reshape(shape)
 
 
-def make_transports(cfg: Config, comm: Any):
-    """Return (roles, world transport, worker transport or None)."""
-    from psframework.comm import Transport, configure_threads, setup_roles
-
-    roles = setup_roles(comm)
-    configure_threads(roles.comm, threads=cfg.comm.threads or None)
-    transport = Transport(roles.comm, cuda_aware=cfg.comm.cuda_aware, timeout_s=cfg.comm.timeout_s)
-    peers = None
-    if roles.is_worker and cfg.comm.dissemination == "relay":
-        peers = Transport(roles.workers_comm, cuda_aware=cfg.comm.cuda_aware, timeout_s=cfg.comm.timeout_s)
-    return roles, transport, peers
-
-
 def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run a coded scheme on this rank: the server returns the summary, workers return None."""
     return run_ranks(cfg, CodedServerRank, CodedWorkerRank, comm)
@@ -182,7 +171,7 @@ def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
 
 def run_ranks(cfg: Config, server_cls: type, worker_cls: type, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run the server or a worker side of a coded scheme, as this rank's role says."""
-    roles, transport, peers = make_transports(cfg, comm)
+    roles, transport, peers = make_transports(cfg, comm, peers=cfg.comm.dissemination == "relay")
     code = make_code(cfg)
     if roles.is_server:
         return server_cls(cfg, code, roles, transport).run()
@@ -349,7 +338,7 @@ class CodedServerRank:
                                     head_opt, post_opt, cfg)
             progress.update(step.iteration - start, step.epoch, loss, extra.strip())
 
-        worker_stats = self.stop(total)
+        worker_stats = stop_workers(self.transport, self.workers, total)
         report = self.transport.close(timeout_s=1.0)
         summary = recorder.finish({
             "scheme": cfg.scheme, "name": cfg.name, "model": model.name, "dataset": dataset.name,
@@ -363,6 +352,7 @@ class CodedServerRank:
             "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
             "late_replies_drained": stats.late_drained + report.completed,
             "verify_max_rel_diff": verify_max if (t.verify_every and self.stateful) else None,
+            "emulation": emulation_summary(cfg, self.transport),
             "workers": worker_stats,
         })
         progress.message(f"psf: done: test accuracy {accuracy:.4f}, {summary['wall_s']:.1f} s, "
@@ -393,17 +383,6 @@ class CodedServerRank:
                 block.conv.bias.copy_(layer["bias"])
         return layers
 
-    def stop(self, total: int) -> Dict[str, Dict[str, float]]:
-        """Tell every worker to stop; return their reports (replies skipped, lag, delays)."""
-        cmd = Command(STOP, total)
-        gather = self.transport.post_gather(self.workers, envelope(cmd, reply=True))
-        for rank in self.workers:
-            self.transport.isend(rank, torch.zeros(1), envelope(cmd))
-        result = gather.wait(self.n)
-        names = WorkerStats.FIELDS
-        return {str(rank): dict(zip(names, result.data[rank].tolist())) for rank in self.workers}
-
-
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Return max |a - b| relative to max |b|."""
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
@@ -418,19 +397,6 @@ def worker_state_shapes(codings: List[LayerCoding], code: Code) -> List[torch.Si
         if c.has_column_copy:
             shapes += [torch.Size(c.col_shape(code))] * 2
     return shapes
-
-
-class WorkerStats:
-    """What a worker reports when it stops."""
-
-    FIELDS = ("replies_sent", "replies_skipped", "max_behind", "compute_s", "delay_s", "updates")
-
-    def __init__(self) -> None:
-        self.values = dict.fromkeys(self.FIELDS, 0.0)
-        self.behind = 0
-
-    def vector(self) -> torch.Tensor:
-        return torch.tensor([self.values[f] for f in self.FIELDS], dtype=torch.float64)
 
 
 class CodedWorkerRank:
@@ -483,12 +449,9 @@ class CodedWorkerRank:
                     self.stats.values["delay_s"] += self.delay(cmd.iteration, compute_s)
                     # Let the reply leave before computing on: a large message needs this rank's progress.
                     self.transport.isend(0, out.contiguous(), envelope(cmd, reply=True)).wait()
-                    self.stats.values["replies_sent"] += 1
-                    self.stats.behind = 0
+                    self.stats.sent()
                 elif want:
-                    self.stats.values["replies_skipped"] += 1
-                    self.stats.behind += 1
-                    self.stats.values["max_behind"] = max(self.stats.values["max_behind"], self.stats.behind)
+                    self.stats.skipped()
                 t1 = time.perf_counter()
                 self.after_reply(cmd, x)  # updates come after the reply: off the server's critical path
                 update_s = time.perf_counter() - t1
@@ -499,8 +462,7 @@ class CodedWorkerRank:
                 self.inbox.take(envelope(cmd))
                 self.transport.isend(0, flatten(self.worker.state()), envelope(cmd, reply=True))
             else:  # STOP
-                self.inbox.take(envelope(cmd))
-                self.transport.send(0, self.stats.vector(), envelope(cmd, reply=True))
+                answer_stop(self.inbox, self.transport, cmd.iteration, self.stats)
         self.inbox.close()
         if self.peers is not None:
             self.peers.close(timeout_s=1.0)
@@ -508,16 +470,8 @@ class CodedWorkerRank:
 
     def delay(self, iteration: int, compute_s: float) -> float:
         """Sleep as an injected straggler would; keep messages moving meanwhile (only compute is slow)."""
-        def sleep(seconds: float) -> None:
-            end = time.perf_counter() + seconds
-            while (left := end - time.perf_counter()) > 0:
-                self.inbox.progress()
-                self.transport.progress()
-                if self.peers is not None:
-                    self.peers.progress()
-                time.sleep(min(left, 1e-3))
-
-        return self.stragglers.inject(self.roles.rank, iteration, compute_s, sleep=sleep)
+        moving = [self.inbox.progress, self.transport.progress] + ([self.peers.progress] if self.peers else [])
+        return straggle(self.stragglers, self.roles.rank, iteration, compute_s, moving)
 
     def compute(self, cmd: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
         """Return the reply to a forward or backward command (None when skipped); apply updates."""

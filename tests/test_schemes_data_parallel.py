@@ -1,0 +1,140 @@
+"""Data-parallel schemes (`ps`, `stanza`) under mpiexec, against the single-process reference trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mpiutil import describe, run_mpi
+from psframework.cli import main
+from test_schemes_coded import assert_same_model, losses, model_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "digits_stanza.yaml")
+ITERATIONS = 30
+COMMON = [f"train.max_iterations={ITERATIONS}", "output.progress=off", "train.weight_decay=0.001",
+          "train.lr_schedule=cosine", "train.momentum=0.9", "train.lr=0.05"]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Reference runs, one per distinct setting, made on first use."""
+    made = {}
+
+    def get(*overrides):
+        if overrides not in made:
+            out = tmp_path_factory.mktemp("reference")
+            assert main(["train", CONFIG, "scheme=reference", "name=ref", f"output.dir={out}"]
+                        + COMMON + list(overrides)) == 0
+            made[overrides] = out / "ref"
+        return made[overrides]
+    return get
+
+
+def train(tmp_path, *overrides, ranks=5, timeout=200):
+    proc = run_mpi(ranks, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}"]
+                   + COMMON + list(overrides), timeout=timeout)
+    assert proc.returncode == 0, describe(proc)
+    return tmp_path / "run"
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# The same global batch order as the reference; shards are contiguous slices of each batch.
+# A batch of 30 over 4 workers gives shards of 8, 8, 7, 7 samples.
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheme,setting", [
+    ("ps", ()),
+    ("stanza", ()),
+    ("ps", ("data.batch_size=30", "train.nesterov=true")),
+    ("stanza", ("data.batch_size=30", "train.head_optimizer=adam", "train.head_lr=0.002")),
+], ids=["ps", "stanza", "ps-uneven-shards-nesterov", "stanza-uneven-shards-adam-head"])
+def test_scheme_matches_reference(tmp_path, references, scheme, setting):
+    reference = references(*setting)
+    run_dir = train(tmp_path, f"scheme={scheme}", *setting)
+    assert_same_model(run_dir, reference)
+    ref_losses, our_losses = losses(reference), losses(run_dir)
+    assert len(our_losses) == ITERATIONS
+    assert max(abs(a - b) for a, b in zip(our_losses, ref_losses)) < 1e-4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["scheme"] == scheme and summary["world_size"] == 5 and summary["backup_workers"] == 0
+    batch = 30 if "data.batch_size=30" in setting else 32
+    for row in rows(run_dir):
+        assert row["used"] == [1, 2, 3, 4]
+        assert sum(row["samples"]) == batch
+        for key in ("wait_s", "comm_s", "compute_s", "bytes_sent", "bytes_received"):
+            assert key in row
+    assert summary["emulation"] is None
+    assert all(w["replies_skipped"] == 0 for w in summary["workers"].values())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheme", ["ps", "stanza"])
+def test_backup_worker_leaves_the_straggler_out(tmp_path, scheme):
+    run_dir = train(tmp_path, f"scheme={scheme}", "train.backup_workers=1", "stragglers.model=fixed",
+                    "stragglers.ranks=[2]", "stragglers.factor=20")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backup_workers"] == 1
+    table = rows(run_dir)
+    assert all(len(r["used"]) == 3 and len(r["samples"]) == 3 for r in table)
+    assert all(sum(r["samples"]) == 24 for r in table)  # three shards of 8: the update covers the samples used
+    assert sum(2 not in r["used"] for r in table) >= ITERATIONS // 2  # the slowed worker is mostly left out
+    slow = summary["workers"]["2"]
+    assert slow["replies_skipped"] > 0  # it skipped rounds that rank 0 had finished without it
+    first, last = [r["loss"] for r in table[:5]], [r["loss"] for r in table[-5:]]
+    assert sum(last) < sum(first)  # it still learns from the samples it uses
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_digits_stanza_reaches_95_percent(tmp_path):
+    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, f"output.dir={tmp_path}", "output.progress=off"],
+                   timeout=280)
+    assert proc.returncode == 0, describe(proc)
+    summary = json.loads((tmp_path / "digits_stanza" / "summary.json").read_text())
+    assert summary["final_test_accuracy"] >= 0.95, summary["final_test_accuracy"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheme", ["ps", "stanza"])
+def test_batch_norm_statistics_reach_rank_0(tmp_path, scheme):
+    run_dir = train(tmp_path, f"scheme={scheme}", "model.batch_norm=true", "train.max_iterations=5")
+    state = model_state(run_dir)
+    means = [v for k, v in state.items() if k.endswith("running_mean")]
+    assert means and all(float(m.abs().sum()) > 0 for m in means)  # the workers' statistics, not the initial zeros
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheme,ranks", [("ps", 5), ("sazd", 5)])
+def test_network_emulation_holds_sends_back(tmp_path, scheme, ranks):
+    run_dir = train(tmp_path, f"scheme={scheme}", "train.max_iterations=5", "comm.emulate.bandwidth_gbps=0.5",
+                    "comm.emulate.latency_us=100", ranks=ranks)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    emulation = summary["emulation"]
+    assert emulation["bandwidth_gbps"] == 0.5 and emulation["latency_us"] == 100
+    # Rank 0 waits bytes / bandwidth + latency per message before posting it.
+    least = summary["server_bytes_sent"] * 8 / 0.5e9
+    assert emulation["server_send_delay_s"] >= least
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("override,message", [
+    ("train.backup_workers=4", "train.backup_workers: got 4 with code.n=4, expected 0 <= backup_workers < n"),
+    ("data.batch_size=3", "data.batch_size: got 3 with code.n=4 workers, expected at least one sample per worker"),
+    ("train.head_optimizer=rmsprop", "train.head_optimizer: got 'rmsprop', expected one of sgd, adam"),
+    ("train.head_momentum=0.5", "unknown key 'train.head_momentum'"),
+])
+def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
+    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, f"output.dir={tmp_path}", override], timeout=100)
+    assert proc.returncode == 2, describe(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("psf: error: ") and message in lines[0], describe(proc)
