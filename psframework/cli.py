@@ -15,6 +15,7 @@ EXIT_USAGE = 2
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
+    "schemes": "psframework.bench.schemes",
     "stragglers": "psframework.bench.stragglers",
 }
 

@@ -79,6 +79,14 @@ BAD = [
     (["train.lr"], "expected key=value"),
     (["data=3"], "data: got 3, expected a mapping"),
     (["train.head_optimizer=rmsprop"], "train.head_optimizer: got 'rmsprop'"),
+    (["scheme=stanza", "train.head_optimzer=adam"], "did you mean 'train.head_optimizer'"),
+    (["scheme=ps", "train.backup_workers=4"], "train.backup_workers: got 4 with code.n=4, expected 0 <= backup_workers < n"),
+    (["scheme=stanza", "train.backup_workers=-1"], "train.backup_workers: got -1, expected >= 0"),
+    (["scheme=sazd", "train.backup_workers=1"], "backup workers belong to the data-parallel schemes"),
+    (["scheme=ps", "data.batch_size=3"], "data.batch_size: got 3 with code.n=4 workers"),
+    (["comm.emulate.bandwidth_gbps=0"], "comm.emulate.bandwidth_gbps: got 0.0, expected a positive number"),
+    (["comm.emulate.latency_us=-5"], "comm.emulate.latency_us: got -5.0, expected microseconds >= 0"),
+    (["comm.emulate.bandwith_gbps=10"], "did you mean 'comm.emulate.bandwidth_gbps'"),
 ]
 
 

@@ -138,3 +138,27 @@ def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
     assert proc.returncode == 2, describe(proc)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("psf: error: ") and message in lines[0], describe(proc)
+
+
+# Each scheme's analytic byte count per iteration must be what rank 0 really moves. `rotate` makes
+# sazd wait for every reply, so that each round's bytes fall in that round.
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("overrides", [
+    ["scheme=ps"], ["scheme=stanza"], ["scheme=stanza", "model.batch_norm=true", "data.batch_size=30"],
+    ["scheme=sazd", "code.k=3", "code.subsets=rotate"],
+    ["scheme=sazd", "code.k=3", "code.subsets=rotate", "comm.dissemination=relay"],
+], ids=["ps", "stanza", "stanza-bn-uneven", "sazd-direct", "sazd-relay"])
+def test_measured_bytes_match_the_analytic_count(tmp_path, overrides):
+    from psframework.config import load_config
+    from psframework.schemes import coded, ps, stanza
+    from psframework.schemes.common import build_problem
+
+    run_dir = train(tmp_path, "train.max_iterations=4", *overrides)
+    cfg = load_config(CONFIG, overrides)
+    _, model = build_problem(cfg)
+    count = {"ps": ps.expected_server_bytes, "stanza": stanza.expected_server_bytes}.get(
+        cfg.scheme, coded.expected_server_bytes)
+    sent, received = count(cfg, model)
+    for row in rows(run_dir)[1:]:
+        assert (row["bytes_sent"], row["bytes_received"]) == (sent, received)

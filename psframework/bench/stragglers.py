@@ -9,47 +9,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import platform
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
-from psframework.bench.machine import cpu_model
+from psframework.bench.runs import machine, run_case
 from psframework.fileio import atomic_write_json, atomic_write_text
-from psframework.launch import run_mpi
 
 STRAGGLER = ["stragglers.model=fixed", "stragglers.ranks=[2]", "stragglers.factor=5"]
-
-
-def run_case(label: str, config: str, ranks: int, overrides: Sequence[str], out_dir: str,
-             timeout_s: float) -> Dict:
-    """Train one case under mpiexec; return its summary with the label."""
-    name = label.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
-    args = ["-m", "psframework", "train", config, f"name={name}", f"output.dir={out_dir}",
-            "output.progress=off"] + list(overrides)
-    print(f"psf bench stragglers: {label}: mpiexec -n {ranks} python -m mpi4py {' '.join(args)}", flush=True)
-    proc = run_mpi(ranks, args, timeout_s=timeout_s)
-    if proc.returncode != 0:
-        tail = (proc.stderr or "").strip().splitlines()[-5:]
-        raise RuntimeError(f"case {label!r} failed with exit status {proc.returncode}: {' | '.join(tail)}")
-    with open(os.path.join(out_dir, name, "summary.json")) as fh:
-        summary = json.load(fh)
-    summary["label"] = label
-    workers = summary.get("workers") or {}
-    iterations = max(1, summary["iterations"] - summary.get("start_iteration", 0))
-    compute = [w["compute_s"] / iterations for w in workers.values()]
-    summary["worker_compute_share"] = (sum(compute) / len(compute) / summary["mean_iteration_s"]) if compute else None
-    return summary
-
-
-def machine() -> str:
-    """Describe the machine the benchmark ran on."""
-    import torch
-
-    return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-            f"{platform.system()} {platform.release()}")
 
 
 def report(cases: Dict[str, Dict], args: argparse.Namespace) -> tuple:
@@ -132,7 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ("uncoded, none", args.uncoded, 4, []), ("uncoded, straggler", args.uncoded, 4, STRAGGLER),
                 ("sazd-naive, none", args.sazd, 5, ["scheme=sazd-naive"])]
         for label, config, ranks, overrides in plan:
-            cases[label] = run_case(label, config, ranks, overrides + extra, tmp, args.timeout)
+            cases[label] = run_case("psf bench stragglers", label, config, ranks, overrides + extra, tmp, args.timeout)
             s = cases[label]
             print(f"  mean iteration {s['mean_iteration_s'] * 1e3:.1f} ms, server sent "
                   f"{s['server_bytes_sent_per_iteration'] / 2**20:.2f} MiB/it", flush=True)

@@ -87,8 +87,8 @@ class TransportStats:
 
     sent_messages: int = 0
     sent_bytes: int = 0
-    received_messages: int = 0
-    received_bytes: int = 0
+    received_messages: int = 0  # messages handed out
+    received_bytes: int = 0  # payload bytes that came in, late replies that were dropped included
     late_drained: int = 0  # replies that came after their round was over: received into scratch, dropped
     stale_discarded: int = 0  # older-iteration messages met by a newer receive: dropped
     future_kept: int = 0  # newer-iteration messages met by an older receive: kept for their own receive
@@ -456,7 +456,6 @@ class Transport:
     def _arrive(self, slot: _Slot, header: Header) -> None:
         slot.arrival = time.perf_counter()
         self.stats.received_messages += 1
-        self.stats.received_bytes += header.nbytes
         self._finish(slot, ARRIVED)
 
     def _check_match(self, slot: _Slot, header: Header, consume: bool = False) -> None:
@@ -504,6 +503,7 @@ class Transport:
             self._finish(slot, CANCELLED)
             raise MessageMismatch(f"message from rank {slot.source} for {slot.envelope}: header announced "
                                   f"{header.nbytes} bytes, {count} arrived")
+        self.stats.received_bytes += count  # every payload that came in, late ones dropped after it included
         if slot.state == _PAYLOAD:
             wire, slot.wire = slot.wire, None
             assert wire is not None

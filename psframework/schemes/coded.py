@@ -11,9 +11,10 @@ longer needs it), but applies every update, in order.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -526,6 +527,39 @@ class CodedWorkerRank:
         packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, shape, torch.float32)
+
+
+def expected_server_bytes(cfg: Config, model: SplitCNN) -> Tuple[int, int]:
+    """Return the payload bytes rank 0 sends and receives per iteration of sazd, poly or uncoded: (sent, received).
+
+    Per conv layer: the input to every worker (a whole tensor, or with relay one packet of its bits)
+    and every worker's row-coded output; backward, the output gradient to every worker (the first
+    layer: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
+    is counted, also those that come after the first k (they are received, then dropped).
+    """
+    code = make_code(cfg)
+    n, batch = code.n, cfg.data.batch_size
+    codings = layer_codings(model, code.k, cfg.code.symbol_channels)
+    shapes = activation_shapes(model, batch)
+
+    def delivered(shape: Sequence[int]) -> int:
+        numel = math.prod(shape)
+        if cfg.comm.dissemination == "relay":
+            return code.packet_length(-(-numel // code.k), 1)
+        return numel
+
+    sent = received = 0
+    for layer, c in enumerate(codings):
+        x, y = shapes[(FORWARD, layer)], shapes[(BACKWARD, layer)]
+        rows = batch * c.packet_channels(code, c.out_channels) * y[2] * y[3]
+        sent += n * delivered(x)
+        received += n * rows
+        if c.has_column_copy:
+            sent += n * delivered(y)
+            received += n * batch * c.packet_channels(code, c.in_channels) * x[2] * x[3]
+        else:
+            sent += n * rows
+    return 4 * sent, 4 * received
 
 
 def activation_shapes(model: SplitCNN, batch: int) -> Dict[tuple, tuple]:

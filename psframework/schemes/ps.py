@@ -10,7 +10,7 @@ layers cross the network twice per worker per iteration: the traffic Stanza remo
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -65,3 +65,14 @@ class PSWorker(DataParallelWorker):
 def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run `ps` on this rank: rank 0 returns the summary, workers return None."""
     return run_data_parallel(cfg, PSServer, PSWorker, comm)
+
+
+def expected_server_bytes(cfg: Config, model: Any) -> Tuple[int, int]:
+    """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
+
+    Sent: all parameters to each of the n workers. Received: each worker's gradients, BatchNorm
+    running statistics and loss (late replies of backup workers are received too, then dropped).
+    """
+    n = cfg.code.n
+    params = sum(p.numel() for p in model.parameters())
+    return 4 * n * params, 4 * n * (params + sum(s.numel() for s in running_stats(model)) + 1)

@@ -11,8 +11,9 @@ features and feature gradients cross the network.
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,3 +92,16 @@ class StanzaWorker(DataParallelWorker):
 def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run `stanza` on this rank: rank 0 returns the summary, workers return None."""
     return run_data_parallel(cfg, StanzaServer, StanzaWorker, comm)
+
+
+def expected_server_bytes(cfg: Config, model: Any) -> Tuple[int, int]:
+    """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
+
+    Sent: the conv parameters to each of the n workers and the feature gradients of the batch.
+    Received: the features of the batch and each worker's conv gradients and running statistics.
+    """
+    n, batch = cfg.code.n, cfg.data.batch_size
+    conv = sum(p.numel() for p in model.conv_parameters())
+    features = batch * math.prod(model.feature_shape)
+    stats = sum(s.numel() for s in running_stats(model))
+    return 4 * (n * conv + features), 4 * (features + n * (conv + stats))

@@ -1,0 +1,141 @@
+"""Scheme benchmark: `ps`, `stanza`, `sazd` and `uncoded` on one model, with emulated cluster links.
+
+Runs real training jobs under mpiexec, one after another in one invocation, on the benchmark pair
+configs/bench_ps.yaml and configs/bench_stanza.yaml (vgg-small, synthetic CIFAR-size data, n = 4,
+links emulated at 10 Gb/s); `sazd` and `uncoded` run on the stanza config with the scheme changed.
+Reports mean iteration time, the bytes rank 0 sent and received per iteration next to the analytic
+count of each scheme, and the ps/stanza ratios. The same two data-parallel cases also run without
+emulation (this machine's shared-memory MPI), to show what the emulated links add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from psframework.bench.runs import machine, run_case
+from psframework.fileio import atomic_write_json, atomic_write_text
+
+PROG = "psf bench schemes"
+NO_EMULATION = ["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"]
+
+
+def analytic_bytes(config: str, overrides: Sequence[str]) -> Tuple[int, int]:
+    """Return the analytic (sent, received) payload bytes per iteration of rank 0 for a case."""
+    from psframework.config import load_config
+    from psframework.schemes import coded, ps, stanza
+    from psframework.schemes.common import build_problem
+
+    cfg = load_config(config, overrides)
+    _, model = build_problem(cfg)
+    count: Callable = {"ps": ps.expected_server_bytes, "stanza": stanza.expected_server_bytes}.get(
+        cfg.scheme, coded.expected_server_bytes)
+    return count(cfg, model)
+
+
+def plan(args: argparse.Namespace) -> List[Tuple[str, str, List[str]]]:
+    """Return the cases: (label, config, overrides); each runs on n + 1 = 5 ranks."""
+    return [
+        ("ps, 10 Gb/s", args.ps, []),
+        ("stanza, 10 Gb/s", args.stanza, []),
+        ("sazd (k=3), 10 Gb/s", args.stanza, ["scheme=sazd", "code.k=3"]),
+        ("uncoded (k=4), 10 Gb/s", args.stanza, ["scheme=uncoded", "code.k=4"]),
+        ("ps, no emulation", args.ps, NO_EMULATION),
+        ("stanza, no emulation", args.stanza, NO_EMULATION),
+    ]
+
+
+def report(cases: Dict[str, Dict], args: argparse.Namespace) -> tuple:
+    """Return (markdown, json object) of the results."""
+    mib = 2.0 ** 20
+    rows = []
+    for label, s in cases.items():
+        sent, received = s["analytic_bytes"]
+        emulated = s.get("emulation") or {}
+        rows.append(f"| {label} | {s['mean_iteration_s'] * 1e3:.1f} | "
+                    f"{s['server_bytes_sent_per_iteration'] / mib:.2f} | {sent / mib:.2f} | "
+                    f"{s['server_bytes_received_per_iteration'] / mib:.2f} | {received / mib:.2f} | "
+                    f"{s['final_test_accuracy']:.3f} | "
+                    f"{emulated.get('server_send_delay_s', 0.0) / max(1, s['iterations']) * 1e3:.1f} |")
+    ps, st = cases["ps, 10 Gb/s"], cases["stanza, 10 Gb/s"]
+    moved = lambda s: s["server_bytes_sent_per_iteration"] + s["server_bytes_received_per_iteration"]  # noqa: E731
+    bytes_ratio = moved(ps) / moved(st)
+    sent_ratio = ps["server_bytes_sent_per_iteration"] / st["server_bytes_sent_per_iteration"]
+    time_ratio = ps["mean_iteration_s"] / st["mean_iteration_s"]
+    local_ratio = cases["ps, no emulation"]["mean_iteration_s"] / cases["stanza, no emulation"]["mean_iteration_s"]
+    command = PROG + (f" --iterations {args.iterations}" if args.iterations else "")
+    md = "\n".join([
+        "# Scheme benchmark",
+        "",
+        f"Command: `{command}` (runs each case below under `mpiexec -n 5`, one after another).",
+        f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}.",
+        "",
+        f"Model and data: `{args.ps}` / `{args.stanza}`: vgg-small (conv 32-64-128-128, FC 2048-1024-1024-10), "
+        "synthetic 3x32x32 images, global batch 64, n = 4 workers (16 samples each in the data-parallel "
+        "schemes), SGD with momentum. `sazd` and `uncoded` run on the stanza config with the scheme changed "
+        "(k = 3 and k = 4 of n = 4). Links are emulated at 10 Gb/s with 50 us latency: every rank waits "
+        "bytes / bandwidth + latency before posting each message (`comm.emulate`; messages a rank sends "
+        "queue on its own link, contention at the receiver is not modelled). Byte counts are the real "
+        "payload bytes rank 0 sent and received; the analytic columns come from each scheme's "
+        "`expected_server_bytes`. Mean iteration time excludes the first iteration.",
+        "",
+        "| case | mean iteration (ms) | rank 0 MiB sent / it | analytic | rank 0 MiB received / it | analytic | "
+        "test accuracy | rank 0 emulated send wait / it (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "## Ratios (ps over stanza)",
+        "",
+        f"- bytes rank 0 moves per iteration (sent + received): **{bytes_ratio:.1f}x** (sent alone "
+        f"{sent_ratio:.1f}x): the FC head's parameters and gradients (93% of the model) never leave rank 0 "
+        "in stanza.",
+        f"- mean iteration time with emulated 10 Gb/s links: **{time_ratio:.2f}x**.",
+        f"- mean iteration time without emulation (shared memory on this machine): {local_ratio:.2f}x.",
+        "",
+        "The coded schemes move more bytes than stanza: every conv layer's activations and gradients go "
+        "through rank 0 in both directions, the price of model parallelism with exact straggler tolerance "
+        "(see stragglers.md).",
+        "",
+    ])
+    data = {"command": command, "machine": machine(), "date": datetime.date.today().isoformat(),
+            "ratios": {"ps_over_stanza_bytes": bytes_ratio, "ps_over_stanza_bytes_sent": sent_ratio,
+                       "ps_over_stanza_time_emulated": time_ratio, "ps_over_stanza_time_local": local_ratio},
+            "cases": cases}
+    return md, data
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the scheme benchmark and write schemes.md and schemes.json."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--out", default="docs/benchmarks", help="directory for schemes.md/.json")
+    parser.add_argument("--ps", default="configs/bench_ps.yaml", help="parameter-server config (n=4)")
+    parser.add_argument("--stanza", default="configs/bench_stanza.yaml", help="stanza config (n=4)")
+    parser.add_argument("--iterations", type=int, default=None, help="override train.max_iterations")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
+    args = parser.parse_args(argv)
+    for path in (args.ps, args.stanza):
+        if not os.path.isfile(path):
+            print(f"{PROG}: error: config {path!r} does not exist", file=sys.stderr)
+            return 2
+    if args.iterations is not None and args.iterations < 2:
+        print(f"{PROG}: error: --iterations got {args.iterations}, expected at least 2", file=sys.stderr)
+        return 2
+    extra = [f"train.max_iterations={args.iterations}", f"train.eval_every={args.iterations}"] if args.iterations else []
+    cases: Dict[str, Dict] = {}
+    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
+        for label, config, overrides in plan(args):
+            summary = run_case(PROG, label, config, 5, overrides + extra, tmp, args.timeout)
+            summary["analytic_bytes"] = analytic_bytes(config, overrides + extra)
+            cases[label] = summary
+            print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
+                  f"{summary['server_bytes_sent_per_iteration'] / 2**20:.2f} MiB/it", flush=True)
+    md, data = report(cases, args)
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write_text(os.path.join(args.out, "schemes.md"), md)
+    atomic_write_json(os.path.join(args.out, "schemes.json"), data)
+    print(md)
+    return 0

@@ -1,0 +1,43 @@
+"""Network emulation: the transfer time of a message on an emulated link, and the wait it costs the sender."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from psframework.comm.emulate import LinkEmulator, link_emulator
+
+
+def test_transfer_time_is_bytes_over_bandwidth_plus_latency():
+    link = LinkEmulator(bandwidth_gbps=10.0, latency_us=50.0)
+    assert link.transfer_s(0) == pytest.approx(50e-6)
+    assert link.transfer_s(1_250_000) == pytest.approx(1e-3 + 50e-6)  # 10 Mbit at 10 Gb/s
+    assert LinkEmulator(latency_us=20.0).transfer_s(10**9) == pytest.approx(20e-6)  # unlimited bandwidth
+
+
+def test_sender_waits_at_least_the_transfer_time_and_it_is_recorded():
+    link = LinkEmulator(bandwidth_gbps=1.0, latency_us=100.0)
+    sizes = [125_000, 0, 2_500_000]  # 1 ms, 0, 20 ms of wire time
+    start = time.perf_counter()
+    for nbytes in sizes:
+        link(1, None, nbytes)
+    elapsed = time.perf_counter() - start
+    least = sum(link.transfer_s(n) for n in sizes)
+    assert elapsed >= least and link.delayed_s >= least
+    assert link.messages == 3
+
+
+def test_off_means_no_emulator():
+    assert link_emulator(None, 0.0) is None
+    assert link_emulator(10.0, 0.0) is not None and link_emulator(None, 5.0) is not None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"bandwidth_gbps": 0.0}, "bandwidth_gbps: got 0.0"),
+    ({"bandwidth_gbps": -1.0}, "bandwidth_gbps: got -1.0"),
+    ({"latency_us": -1.0}, "latency_us: got -1.0"),
+])
+def test_bad_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LinkEmulator(**kwargs)
