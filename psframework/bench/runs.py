@@ -6,9 +6,12 @@ import json
 import os
 import platform
 import re
-from typing import Dict, Sequence
+import sys
+import tempfile
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework.bench.machine import cpu_model
+from psframework.fileio import atomic_write_json, atomic_write_text
 from psframework.launch import run_mpi
 
 
@@ -39,3 +42,38 @@ def machine() -> str:
 
     return (f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
             f"{platform.system()} {platform.release()}")
+
+
+def run_cases(prog: str, plan: Sequence[Tuple[str, str, int, List[str]]], extra: Sequence[str], timeout_s: float,
+              annotate: Optional[Callable[[str, List[str], Dict], None]] = None) -> Dict[str, Dict]:
+    """Run every (label, config, ranks, overrides) case with `extra` overrides; return {label: summary}.
+
+    `annotate(config, overrides, summary)` may add figures to a summary while its config is at hand.
+    """
+    cases: Dict[str, Dict] = {}
+    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
+        for label, config, ranks, overrides in plan:
+            summary = run_case(prog, label, config, ranks, list(overrides) + list(extra), tmp, timeout_s)
+            if annotate is not None:
+                annotate(config, list(overrides) + list(extra), summary)
+            cases[label] = summary
+            print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
+                  f"{summary['server_bytes_sent_per_iteration'] / 2**20:.2f} MiB/it", flush=True)
+    return cases
+
+
+def missing_config(prog: str, paths: Sequence[str]) -> bool:
+    """Print an error and return True when a config file does not exist."""
+    for path in paths:
+        if not os.path.isfile(path):
+            print(f"{prog}: error: config {path!r} does not exist", file=sys.stderr)
+            return True
+    return False
+
+
+def write_report(out_dir: str, basename: str, md: str, data: Dict) -> None:
+    """Write `basename`.md and `basename`.json atomically into `out_dir` and print the Markdown."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write_text(os.path.join(out_dir, basename + ".md"), md)
+    atomic_write_json(os.path.join(out_dir, basename + ".json"), data)
+    print(md)

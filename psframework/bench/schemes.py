@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
-import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from psframework.bench.runs import machine, run_case
-from psframework.fileio import atomic_write_json, atomic_write_text
+from psframework.bench.runs import machine, missing_config, run_cases, write_report
 
 PROG = "psf bench schemes"
 NO_EMULATION = ["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"]
@@ -37,15 +34,15 @@ def analytic_bytes(config: str, overrides: Sequence[str]) -> Tuple[int, int]:
     return count(cfg, model)
 
 
-def plan(args: argparse.Namespace) -> List[Tuple[str, str, List[str]]]:
-    """Return the cases: (label, config, overrides); each runs on n + 1 = 5 ranks."""
+def plan(args: argparse.Namespace) -> List[Tuple[str, str, int, List[str]]]:
+    """Return the cases: (label, config, ranks, overrides); n = 4 workers and rank 0."""
     return [
-        ("ps, 10 Gb/s", args.ps, []),
-        ("stanza, 10 Gb/s", args.stanza, []),
-        ("sazd (k=3), 10 Gb/s", args.stanza, ["scheme=sazd", "code.k=3"]),
-        ("uncoded (k=4), 10 Gb/s", args.stanza, ["scheme=uncoded", "code.k=4"]),
-        ("ps, no emulation", args.ps, NO_EMULATION),
-        ("stanza, no emulation", args.stanza, NO_EMULATION),
+        ("ps, 10 Gb/s", args.ps, 5, []),
+        ("stanza, 10 Gb/s", args.stanza, 5, []),
+        ("sazd (k=3), 10 Gb/s", args.stanza, 5, ["scheme=sazd", "code.k=3"]),
+        ("uncoded (k=4), 10 Gb/s", args.stanza, 5, ["scheme=uncoded", "code.k=4"]),
+        ("ps, no emulation", args.ps, 5, NO_EMULATION),
+        ("stanza, no emulation", args.stanza, 5, NO_EMULATION),
     ]
 
 
@@ -117,25 +114,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--iterations", type=int, default=None, help="override train.max_iterations")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
     args = parser.parse_args(argv)
-    for path in (args.ps, args.stanza):
-        if not os.path.isfile(path):
-            print(f"{PROG}: error: config {path!r} does not exist", file=sys.stderr)
-            return 2
+    if missing_config(PROG, (args.ps, args.stanza)):
+        return 2
     if args.iterations is not None and args.iterations < 2:
         print(f"{PROG}: error: --iterations got {args.iterations}, expected at least 2", file=sys.stderr)
         return 2
     extra = [f"train.max_iterations={args.iterations}", f"train.eval_every={args.iterations}"] if args.iterations else []
-    cases: Dict[str, Dict] = {}
-    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
-        for label, config, overrides in plan(args):
-            summary = run_case(PROG, label, config, 5, overrides + extra, tmp, args.timeout)
-            summary["analytic_bytes"] = analytic_bytes(config, overrides + extra)
-            cases[label] = summary
-            print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
-                  f"{summary['server_bytes_sent_per_iteration'] / 2**20:.2f} MiB/it", flush=True)
+
+    def annotate(config: str, overrides: List[str], summary: Dict) -> None:
+        summary["analytic_bytes"] = analytic_bytes(config, overrides)
+
+    cases = run_cases(PROG, plan(args), extra, args.timeout, annotate)
     md, data = report(cases, args)
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write_text(os.path.join(args.out, "schemes.md"), md)
-    atomic_write_json(os.path.join(args.out, "schemes.json"), data)
-    print(md)
+    write_report(args.out, "schemes", md, data)
     return 0

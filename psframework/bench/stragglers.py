@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import sys
-import tempfile
 from typing import Dict, List, Optional
 
-from psframework.bench.runs import machine, run_case
-from psframework.fileio import atomic_write_json, atomic_write_text
+from psframework.bench.runs import machine, missing_config, run_cases, write_report
 
 STRAGGLER = ["stragglers.model=fixed", "stragglers.ranks=[2]", "stragglers.factor=5"]
 
@@ -89,24 +85,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--iterations", type=int, default=None, help="override train.max_iterations")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
     args = parser.parse_args(argv)
-    for path in (args.sazd, args.uncoded):
-        if not os.path.isfile(path):
-            print(f"psf bench stragglers: error: config {path!r} does not exist", file=sys.stderr)
-            return 2
+    if missing_config("psf bench stragglers", (args.sazd, args.uncoded)):
+        return 2
     extra = [f"train.max_iterations={args.iterations}"] if args.iterations else []
-    cases: Dict[str, Dict] = {}
-    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
-        plan = [("sazd, none", args.sazd, 5, []), ("sazd, straggler", args.sazd, 5, STRAGGLER),
-                ("uncoded, none", args.uncoded, 4, []), ("uncoded, straggler", args.uncoded, 4, STRAGGLER),
-                ("sazd-naive, none", args.sazd, 5, ["scheme=sazd-naive"])]
-        for label, config, ranks, overrides in plan:
-            cases[label] = run_case("psf bench stragglers", label, config, ranks, overrides + extra, tmp, args.timeout)
-            s = cases[label]
-            print(f"  mean iteration {s['mean_iteration_s'] * 1e3:.1f} ms, server sent "
-                  f"{s['server_bytes_sent_per_iteration'] / 2**20:.2f} MiB/it", flush=True)
+    plan = [("sazd, none", args.sazd, 5, []), ("sazd, straggler", args.sazd, 5, STRAGGLER),
+            ("uncoded, none", args.uncoded, 4, []), ("uncoded, straggler", args.uncoded, 4, STRAGGLER),
+            ("sazd-naive, none", args.sazd, 5, ["scheme=sazd-naive"])]
+    cases = run_cases("psf bench stragglers", plan, extra, args.timeout)
     md, data = report(cases, args)
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write_text(os.path.join(args.out, "stragglers.md"), md)
-    atomic_write_json(os.path.join(args.out, "stragglers.json"), data)
-    print(md)
+    write_report(args.out, "stragglers", md, data)
     return 0

@@ -31,8 +31,7 @@ from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_co
 from psframework.schemes.common import (build_problem, evaluate, head_optimizer, is_eval_iteration,
                                         iteration_plan, lr_factor, make_optimizer, scale_lr, seed_everything,
                                         total_iterations)
-from psframework.schemes.runtime import (WorkerStats, answer_stop, emulation_summary, make_transports, stop_workers,
-                                         straggle)
+from psframework.schemes.runtime import WorkerStats, answer_stop, finish_server, make_transports, straggle
 
 # Command kinds of the plan (mapped onto the transport's envelope kinds).
 INIT, FORWARD, BACKWARD, STATE, STOP = "init", "forward", "backward", "state", "stop"
@@ -339,26 +338,11 @@ class CodedServerRank:
                                     head_opt, post_opt, cfg)
             progress.update(step.iteration - start, step.epoch, loss, extra.strip())
 
-        worker_stats = stop_workers(self.transport, self.workers, total)
-        report = self.transport.close(timeout_s=1.0)
-        summary = recorder.finish({
-            "scheme": cfg.scheme, "name": cfg.name, "model": model.name, "dataset": dataset.name,
-            "world_size": self.roles.size, "n": self.n, "k": self.k, "code": repr(self.code),
+        return finish_server(cfg, self.transport, self.workers, recorder, progress, {
+            "model": model.name, "dataset": dataset.name, "n": self.n, "k": self.k, "code": repr(self.code),
             "dissemination": cfg.comm.dissemination, "iterations": total, "start_iteration": start,
             "final_test_accuracy": accuracy, "final_test_loss": test_loss,
-            "mean_iteration_s": recorder.mean("iteration_s", skip=1),
-            "mean_wait_s": recorder.mean("wait_s", skip=1),
-            "server_bytes_sent": stats.sent_bytes, "server_bytes_received": stats.received_bytes,
-            "server_bytes_sent_per_iteration": recorder.mean("bytes_sent", skip=1),
-            "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
-            "late_replies_drained": stats.late_drained + report.completed,
-            "verify_max_rel_diff": verify_max if (t.verify_every and self.stateful) else None,
-            "emulation": emulation_summary(cfg, self.transport),
-            "workers": worker_stats,
-        })
-        progress.message(f"psf: done: test accuracy {accuracy:.4f}, {summary['wall_s']:.1f} s, "
-                         f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {cfg.run_dir}")
-        return summary
+            "verify_max_rel_diff": verify_max if (t.verify_every and self.stateful) else None})
 
     def conv_optimizers(self, model: SplitCNN, momentum: Optional[List[Dict[str, torch.Tensor]]]
                         ) -> List[torch.optim.Optimizer]:

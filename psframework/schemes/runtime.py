@@ -106,3 +106,28 @@ def answer_stop(inbox: Any, transport: Any, total: int, stats: WorkerStats) -> N
     env = stop_envelope(total)
     inbox.take(env)
     transport.send(0, stats.vector(), env)
+
+
+def finish_server(cfg: Config, transport: Any, workers: Sequence[int], recorder: Any, progress: Any,
+                  fields: Dict[str, Any]) -> Dict[str, Any]:
+    """Stop the workers, close rank 0's transport and write the summary: the shared fields, then `fields`.
+
+    `fields` holds at least iterations, final_test_accuracy and the scheme's own entries.
+    """
+    worker_stats = stop_workers(transport, workers, fields["iterations"])
+    report = transport.close(timeout_s=1.0)
+    stats = transport.stats
+    summary = recorder.finish({
+        "scheme": cfg.scheme, "name": cfg.name, "world_size": transport.size, **fields,
+        "mean_iteration_s": recorder.mean("iteration_s", skip=1),
+        "mean_wait_s": recorder.mean("wait_s", skip=1),
+        "server_bytes_sent": stats.sent_bytes, "server_bytes_received": stats.received_bytes,
+        "server_bytes_sent_per_iteration": recorder.mean("bytes_sent", skip=1),
+        "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
+        "late_replies_drained": stats.late_drained + report.completed,
+        "emulation": emulation_summary(cfg, transport),
+        "workers": worker_stats,
+    })
+    progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
+                     f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {cfg.run_dir}")
+    return summary
