@@ -16,6 +16,7 @@ so with BatchNorm the data-parallel schemes do not reproduce the single-process 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -98,7 +99,7 @@ class RoundResult:
     samples: List[int]  # samples of each used worker
 
 
-class DataParallelServer:
+class DataParallelServer(ABC):
     """Rank 0 of a data-parallel scheme: the parameter server; `round` is the scheme's own part."""
 
     def __init__(self, cfg: Config, roles: Any, transport: Any):
@@ -131,9 +132,9 @@ class DataParallelServer:
         """Set the model's BatchNorm running statistics to the used workers' mean, `mean`."""
         assign(running_stats(self.model), mean)
 
+    @abstractmethod
     def round(self, step: Step) -> RoundResult:
         """Run one iteration's communication and update (the scheme's part)."""
-        raise NotImplementedError
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
@@ -186,7 +187,7 @@ class DataParallelServer:
             "final_test_accuracy": accuracy, "final_test_loss": test_loss})
 
 
-class DataParallelWorker:
+class DataParallelWorker(ABC):
     """Rank j+1 of a data-parallel scheme: trains on its shard; `compute` is the scheme's own part."""
 
     def __init__(self, cfg: Config, roles: Any, transport: Any):
@@ -203,9 +204,9 @@ class DataParallelWorker:
         """Return the envelope of the message that opens the round after `iteration`."""
         return params_envelope(iteration + 1) if iteration < self.total else self.stop
 
-    def compute(self, step: Step, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """Run one iteration on this worker's shard (the scheme's part)."""
-        raise NotImplementedError
+    @abstractmethod
+    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """Run one iteration on this worker's shard from the parameters rank 0 sent (the scheme's part)."""
 
     def straggle(self, iteration: int, compute_s: float) -> None:
         """Add compute time and an injected straggler's delay to the report."""
@@ -227,9 +228,8 @@ class DataParallelWorker:
             if self.inbox.has(self.next_envelope(step.iteration)):
                 self.stats.skipped()  # rank 0 has finished this round without this worker
                 continue
-            self.params = params
             index = torch.from_numpy(shard(step.indices, self.j, self.n))
-            self.compute(step, images[index], labels[index])
+            self.compute(step, params, images[index], labels[index])
         answer_stop(self.inbox, self.transport, total, self.stats)
         self.inbox.close()
         self.transport.close(timeout_s=1.0)

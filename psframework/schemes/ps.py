@@ -48,15 +48,15 @@ class PSServer(DataParallelServer):
 class PSWorker(DataParallelWorker):
     """Rank j+1 of `ps`: the whole model on its shard; pushes gradients, statistics and loss."""
 
-    def compute(self, step: Step, images: torch.Tensor, labels: torch.Tensor) -> None:
-        params = list(self.model.parameters())
-        assign(params, self.params)
+    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
+        weights = list(self.model.parameters())
+        assign(weights, params)
         t0 = time.perf_counter()
-        for p in params:
+        for p in weights:
             p.grad = None
         loss = F.cross_entropy(self.model(images), labels)
         loss.backward()
-        vector = torch.cat([flat([p.grad for p in params]), flat(running_stats(self.model)), loss.detach().reshape(1)])
+        vector = torch.cat([flat([p.grad for p in weights]), flat(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, time.perf_counter() - t0)
         self.transport.isend(0, vector, grads_envelope(step.iteration)).wait()
         self.stats.sent()

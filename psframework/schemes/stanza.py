@@ -66,10 +66,10 @@ class StanzaServer(DataParallelServer):
 class StanzaWorker(DataParallelWorker):
     """Rank j+1 of `stanza`: the conv stack on its shard; sends features, receives their gradient."""
 
-    def compute(self, step: Step, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
         it = step.iteration
         conv = self.model.conv_parameters()
-        assign(conv, self.params)
+        assign(conv, params)
         t0 = time.perf_counter()
         for p in conv:
             p.grad = None
