@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from psframework.codes import (NotDecodableError, SAZDCode, compile_schedule, has_increasing_difference,
                                nonsystematic_shifts, systematic_shifts)
 from psframework.codes.xp import backend_of
-from psframework.codes.zigzag import _NEG_P, _NSUM, COPY, ISUB, RNEG, RSUB, SUB
+from psframework.codes.zigzag import _NEG_P, _NSUM, COPY, ISUB, RNEG, RSUB, SUB, run_rows
 
 
 def relative_error(decoded, blocks) -> float:
@@ -375,12 +375,19 @@ def test_strided_sums_across_dtypes_and_layouts(dtype):
 @pytest.mark.parametrize("dtype, count", [(np.float32, 5), (np.float64, 8), (np.float32, 11), (np.int64, 5),
                                           (np.complex64, 3)])
 def test_negated_sum_may_write_over_a_summed_slice(dtype, count):
-    # short floating sums take BLAS, the rest a ufunc reduction; both may overwrite one of their inputs
+    # host decodes: BLAS (short floating sums of unsplit block sets) or a ufunc reduction; other arrays:
+    # the backend's reduction. Each may overwrite one of its inputs.
     rng = np.random.default_rng(count)
     rows = rng.integers(-1000, 1000, size=(2, 40, 6)).astype(dtype)
     run = (slice(None), slice(1, 1 + 3 * (count - 1) + 1, 3))
     want = -rows[run].sum(axis=1)
-    backend = backend_of(rows)
-    backend.neg_sum_into(rows[:, 7], rows[run], np.empty((2, 6), dtype=dtype))  # row 7 is in the run
-    np.testing.assert_array_equal(rows[:, 7], want)
-
+    for blas in (True, False):
+        got = rows.copy()
+        run_rows(((_NSUM, run, count, (slice(None), 7)),), [], got, blas=blas)  # row 7 is in the run
+        np.testing.assert_array_equal(got[:, 7], want)
+        np.testing.assert_array_equal(np.delete(got, 7, axis=1), np.delete(rows, 7, axis=1))
+    if np.dtype(dtype).kind != "c":
+        tensor = torch.from_numpy(rows.copy())
+        backend = backend_of(tensor)
+        backend.neg_sum_into(tensor[:, 7], tensor[run], backend.empty((2, 6), like=tensor))
+        np.testing.assert_array_equal(tensor[:, 7].numpy(), want)

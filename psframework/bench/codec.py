@@ -4,7 +4,9 @@ Accuracy: worst relative max error of float32 decoding over all k-subsets of pac
 sample where there are more than --limit), for SAZD and real polynomial codes. Speed: encoding,
 schedule compilation and cached decoding of an 8 MiB float32 block set, next to the memory-bound
 reference of summing the same k packets with NumPy, measured in the same run (medians of repeats).
-Writes codec.md and codec.json (atomically) to --out.
+SAZD decodes with --threads decode threads and Poly with as many BLAS threads, so the comparison
+is like for like; a thread table shows what the decode threads gain on 1, 2 and 4 times the block
+set. Writes codec.md and codec.json (atomically) to --out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from psframework.bench.machine import cpu_model
-from psframework.codes import PolyCode, SAZDCode, measure_decode_error
+from psframework.codes import PolyCode, SAZDCode, get_decode_threads, measure_decode_error
+from psframework.codes.threads import check_threads
+from psframework.codes.zigzag import MIN_STRIPE_SYMBOL_BYTES, plan_stripes
 from psframework.fileio import atomic_write_json, atomic_write_text
 
 PAIRS = [(4, 3), (6, 4), (8, 6), (12, 8), (16, 12), (20, 16)]
@@ -36,6 +40,7 @@ CODES: List[Tuple[str, Callable[[int, int], Any]]] = [
     ("Poly integers", lambda n, k: PolyCode(n, k, "integers")),
 ]
 DROP_PATTERNS_TIMED = 4  # slowest-looking drop patterns (most symbol operations) timed for the worst case
+THREAD_TABLE_SCALES = (1, 2, 4)  # block set sizes of the decode thread table, in multiples of --mib
 COMMAND = "psf bench codec"
 
 
@@ -56,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pairs", nargs="+", default=None, metavar="N,K", help="(n, k) pairs to run (default "
                         + " ".join(f"{n},{k}" for n, k in PAIRS) + ")")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of sampled arrival sets")
+    parser.add_argument("--threads", type=int, default=None, help="SAZD decode threads, and BLAS threads for Poly "
+                        "(default: psframework.codes.get_decode_threads(), i.e. PSF_DECODE_THREADS or the usable "
+                        "cores, at most 4)")
     return parser
 
 
@@ -132,8 +140,11 @@ def drop_patterns(code: SAZDCode, symbols: int, seed: int) -> Tuple[Tuple[int, .
     return first, ranked[:DROP_PATTERNS_TIMED]
 
 
-def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int) -> Dict[str, Any]:
-    """Return encode, compile and decode times of SAZD and Poly for one (n, k), with the NumPy references."""
+def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int, threads: int = 1) -> Dict[str, Any]:
+    """Return encode, compile and decode times of SAZD and Poly for one (n, k), with the NumPy references.
+
+    SAZD decodes with `threads` decode threads; Poly gets whatever BLAS threads the caller set.
+    """
     import torch
 
     sazd, poly = SAZDCode(n, k), PolyCode(n, k, "chebyshev")
@@ -157,9 +168,9 @@ def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int)
         "poly_decode": lambda: poly.decode(poly_given), "numpy_sum_blocks": numpy_sum(blocks)}
     for label, used in cases.items():
         given = {j: packets[j] for j in used}
-        fns["decode " + label] = lambda given=given: sazd.decode(given)
+        fns["decode " + label] = lambda given=given: sazd.decode(given, threads=threads)
         reused = np.empty((k * symbols, width), dtype=np.float32)
-        fns["reuse " + label] = lambda given=given, reused=reused: sazd.decode(given, out=reused)
+        fns["reuse " + label] = lambda given=given, reused=reused: sazd.decode(given, out=reused, threads=threads)
         fns["sum " + label] = numpy_sum([packets[j] for j in used])
     timings = interleaved_times(fns, repeats)
     # torch afterwards and on its own: its worker threads keep spinning after each op, which would slow
@@ -168,11 +179,13 @@ def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int)
     for label, used in cases.items():
         if label.startswith("first") or label == "all systematic":
             torch_given = {j: tensors[j] for j in used}
-            torch_fns["torch decode " + label] = lambda torch_given=torch_given: sazd.decode(torch_given)
+            torch_fns["torch decode " + label] = lambda torch_given=torch_given: sazd.decode(torch_given,
+                                                                                           threads=threads)
     timings.update(interleaved_times(torch_fns, repeats))
     medians = {name: t.median for name, t in timings.items()}
     minima = {name: t.minimum for name, t in timings.items()}
     row: Dict[str, Any] = {"n": n, "k": k, "L": symbols, "block_set_MiB": 4 * k * symbols * width / (1 << 20),
+                           "decode_stripes": len(plan_stripes(1, width, 4, threads)),
                            "packet_symbols": symbols + sazd.padding, "sazd_encode_s": medians["sazd_encode"],
                            "poly_encode_s": medians["poly_encode"], "poly_decode_s": medians["poly_decode"],
                            "poly_decode_min_s": minima["poly_decode"],
@@ -207,18 +220,61 @@ def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int)
     return row
 
 
-def machine_info() -> Dict[str, Any]:
-    """Return what the figures were measured on."""
+def thread_rows(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int,
+                threads: int) -> List[Dict[str, Any]]:
+    """Return SAZD decode times of the first n-k systematic dropped set at 1 and at `threads` decode threads.
+
+    One row per block set size in THREAD_TABLE_SCALES; both decodes write into reused outputs, so that
+    page faults of fresh outputs (which depend on what ran before) do not blur the speed-up.
+    """
+    rows = []
+    for scale in THREAD_TABLE_SCALES:
+        sazd = SAZDCode(n, k)
+        width = max(1, int(round(scale * mib * (1 << 20) / 4 / k / symbols)))
+        rng = np.random.default_rng(seed)
+        packets = sazd.encode([rng.standard_normal((symbols, width)).astype(np.float32) for _ in range(k)])
+        given = {j: packets[j] for j in range(n - k, n)}
+        one, many = (np.empty((k * symbols, width), dtype=np.float32) for _ in range(2))
+        timings = interleaved_times({"1": lambda: sazd.decode(given, out=one, threads=1),
+                                     "many": lambda: sazd.decode(given, out=many, threads=threads)}, repeats)
+        row = {"n": n, "k": k, "block_set_MiB": 4 * k * symbols * width / (1 << 20), "packets": sorted(given),
+               "symbol_KiB": 4 * width / 1024, "stripes": len(plan_stripes(1, width, 4, threads)),
+               "one_thread_s": timings["1"].median, "threads_s": timings["many"].median}
+        row["speedup"] = row["one_thread_s"] / row["threads_s"]
+        rows.append(row)
+        print(f"threads ({n},{k}) {row['block_set_MiB']:.0f} MiB: SAZD {row['one_thread_s'] * 1e3:.2f} ms at 1 "
+              f"thread, {row['threads_s'] * 1e3:.2f} ms at {threads} ({row['stripes']} stripes)", flush=True)
+    return rows
+
+
+def blas_info() -> Dict[str, Any]:
+    """Return the BLAS library NumPy uses, with its thread count before the benchmark limits it."""
+    from threadpoolctl import threadpool_info
+
+    for library in threadpool_info():
+        if library.get("user_api") == "blas":
+            return {"library": library.get("internal_api"), "version": library.get("version"),
+                    "default_threads": library.get("num_threads")}
+    return {"library": None, "version": None, "default_threads": None}
+
+
+def machine_info(threads: int) -> Dict[str, Any]:
+    """Return what the figures were measured on, with the decode and BLAS threads of the speed tables."""
     import torch
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "numpy": np.__version__,
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "decode_threads": threads,
+            "blas_threads": threads, "blas": blas_info(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def acceptance(accuracy: List[Dict[str, Any]], speed: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Return the acceptance checks that the measured pairs allow, each with its figures and verdict."""
+def acceptance(accuracy: List[Dict[str, Any]], speed: List[Dict[str, Any]],
+               threads: int = 1) -> List[Dict[str, Any]]:
+    """Return the acceptance checks that the measured pairs allow, each with its figures and verdict.
+
+    `threads`: the decode threads of SAZD and BLAS threads of Poly in the speed table, named in the checks.
+    """
     checks = []
     cell = {(r["code"], r["n"], r["k"], r["L"]): r for r in accuracy}
     sazd, cheb = cell.get(("SAZD", 20, 16, 16)), cell.get(("Poly chebyshev", 20, 16, 16))
@@ -240,8 +296,9 @@ def acceptance(accuracy: List[Dict[str, Any]], speed: List[Dict[str, Any]]) -> L
         if row["k"] >= 8:
             pair = f"({row['n']},{row['k']})"
             for label, case in row["sazd_decode"].items():
-                checks.append({"criterion": f"SAZD decode faster than Poly decode at {pair} ({label}; value: "
-                               "Poly time / SAZD time)", "value": row["poly_decode_s"] / case["decode_s"],
+                checks.append({"criterion": f"SAZD decode faster than Poly decode at {pair} ({label}; {threads} "
+                               f"thread{'s' if threads > 1 else ''} each; value: Poly time / SAZD time)",
+                               "value": row["poly_decode_s"] / case["decode_s"],
                                "passed": case["decode_s"] < row["poly_decode_s"]})
     return checks
 
@@ -260,6 +317,10 @@ def render_markdown(report: Dict[str, Any]) -> str:
              f"- CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
              f"- NumPy {m['numpy']}, torch {m['torch']}, Python {m['python']}"
              + (f", OPENBLAS_CORETYPE={m['openblas_coretype']}" if m["openblas_coretype"] else ""),
+             f"- threads: SAZD decodes with up to {m['decode_threads']} decode threads (a block set is split "
+             f"into stripes only where each gets at least {MIN_STRIPE_SYMBOL_BYTES // 1024} KiB of every symbol); "
+             f"Poly decodes with {m['blas_threads']} BLAS threads ({m['blas']['library']} {m['blas']['version']}, "
+             f"{m['blas']['default_threads']} by default)",
              f"- measured {m['date']}; {report['repeats']} timed repeats per speed figure (median), "
              f"accuracy over at most {report['limit']} arrival sets per cell (seed {report['seed']})", "",
              "Rerun with:", "", "```", report["command"], "```", "",
@@ -281,11 +342,13 @@ def render_markdown(report: Dict[str, Any]) -> str:
               "Vandermonde system instead, whatever L.", "",
               "## Speed", "",
               f"A block set of about {report['speed'][0]['block_set_MiB']:.2f} MiB of float32 ({SPEED_SYMBOLS} "
-              "symbols per block, axis 0), times in milliseconds, medians. SAZD packets are L + padding symbols "
-              "long. *k-packet sum*: NumPy adding the same k packets the decoder used into a fresh array, measured "
-              "in the same run. Compile: working out and binding the zigzag schedule of one arrival set, done once "
-              "per arrival set and cached; the decode figures are cached decodes into a fresh output (allocating it "
-              "costs page faults), and, where marked, into an output array reused from call to call "
+              "symbols per block, axis 0), times in milliseconds, medians; SAZD with up to "
+              f"{m['decode_threads']} decode threads, Poly with {m['blas_threads']} BLAS threads. SAZD packets are "
+              "L + padding symbols long. *k-packet sum*: NumPy adding the same k packets the decoder used into a "
+              "fresh array, measured in the same run. Compile: working out and binding the zigzag schedule of one "
+              "arrival set, done once per arrival set and cached; the decode figures are cached decodes into a "
+              "fresh output (allocating it costs page faults), and, where marked, into an output array reused "
+              "from call to call "
               "(`decode(..., out=...)`). The machine is a virtual machine shared with other work: figures move "
               "by tens of percent between runs, the minimum shows the best case.", "",
               "| (n,k) | packet symbols | SAZD encode | Poly encode | Poly decode (min) | k-block sum |",
@@ -312,11 +375,26 @@ def render_markdown(report: Dict[str, Any]) -> str:
                   if "torch_decode_s" in case]
     if torch_rows:
         lines += ["", "The same cached decode on torch CPU tensors (zero-copy views of the same packets), timed "
-                  f"after the NumPy figures, with torch's {report['machine']['torch_threads']} intra-op threads:", "",
+                  "after the NumPy figures; CPU tensors decode through NumPy views of their memory, so the "
+                  "difference is the cost of the views:", "",
                   "| (n,k) | arrival set | NumPy | torch |", "|---|---|---:|---:|"]
         for row, label, case in torch_rows:
             lines.append(f"| ({row['n']},{row['k']}) | {label} | {_ms(case['decode_s'])} | "
                          f"{_ms(case['torch_decode_s'])} |")
+    if report.get("threads"):
+        t = m["decode_threads"]
+        lines += ["", "## Decode threads", "",
+                  f"SAZD decoding the first n-k systematic packets dropped with 1 and with {t} decode threads, "
+                  "timed together, into reused outputs, on the block set above and larger ones. A block set is "
+                  "split into *stripes* of columns, one per thread, only where each stripe gets at least "
+                  f"{MIN_STRIPE_SYMBOL_BYTES // 1024} KiB of every symbol; below that, waking threads costs more "
+                  "than it saves and the decode runs in the calling thread (1 stripe).", "",
+                  f"| (n,k) | block set MiB | symbol KiB | stripes | 1 thread | {t} threads | speed-up |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in report["threads"]:
+            lines.append(f"| ({row['n']},{row['k']}) | {row['block_set_MiB']:.0f} | {row['symbol_KiB']:.0f} | "
+                         f"{row['stripes']} | {_ms(row['one_thread_s'])} | {_ms(row['threads_s'])} | "
+                         f"{row['speedup']:.2f} |")
     lines += ["", "## Acceptance", ""]
     for check in report["acceptance"]:
         verdict = "met" if check["passed"] else "NOT met"
@@ -351,6 +429,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         pairs = _pairs(args.pairs)
         if repeats < 1 or limit < 1 or not mib > 0:
             raise ValueError(f"--repeats {repeats}, --limit {limit}, --mib {mib}: expected positive values")
+        threads = get_decode_threads() if args.threads is None else check_threads(args.threads, "--threads")
     except ValueError as exc:
         print(f"psf bench codec: error: {exc}", flush=True)
         return 2
@@ -359,12 +438,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                        + (["--mib", f"{args.mib:g}"] if args.mib is not None else [])
                        + (["--limit", str(args.limit)] if args.limit is not None else [])
                        + (["--pairs"] + list(args.pairs) if args.pairs else [])
-                       + (["--seed", str(args.seed)] if args.seed else []))
+                       + (["--seed", str(args.seed)] if args.seed else [])
+                       + (["--threads", str(args.threads)] if args.threads is not None else []))
+    from threadpoolctl import threadpool_limits
+
+    machine = machine_info(threads)  # before the limit below, which it reports
     accuracy = accuracy_table(pairs, limit, args.seed)
-    speed = [speed_row(n, k, SPEED_SYMBOLS, mib, repeats, args.seed) for n, k in pairs]
-    report = {"command": command, "machine": machine_info(), "repeats": repeats, "limit": limit, "seed": args.seed,
-              "mib": mib, "accuracy": accuracy, "speed": speed}
-    report["acceptance"] = acceptance(accuracy, speed)
+    with threadpool_limits(threads, "blas"):  # Poly gets as many BLAS threads as SAZD decode threads
+        speed = [speed_row(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads) for n, k in pairs]
+    thread_table = [row for n, k in pairs if n > k
+                    for row in thread_rows(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads)]
+    report = {"command": command, "machine": machine, "repeats": repeats, "limit": limit, "seed": args.seed,
+              "mib": mib, "accuracy": accuracy, "speed": speed, "threads": thread_table}
+    report["acceptance"] = acceptance(accuracy, speed, threads)
     atomic_write_json(os.path.join(args.out, "codec.json"), report)
     atomic_write_text(os.path.join(args.out, "codec.md"), render_markdown(report))
     for check in report["acceptance"]:

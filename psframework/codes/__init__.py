@@ -7,8 +7,9 @@ compiled zigzag decoding), `PolyCode(n, k, nodes="chebyshev")` (real Vandermonde
 packets, `decode(packets, axis=0, symbol_size=1) -> list` of k blocks from any k packets given as
 {index: array}, `decode_joined(...)` (the blocks back to back), `packet_length(block_length,
 symbol_size=1)` and `choose_packets(available)` (the k packets decode uses). SAZDCode's decode
-and decode_joined also take `out=` (a contiguous array from an earlier decode, reused). Arrays may
-be NumPy, torch (CPU or CUDA) or CuPy; integers wrap around, so integer coding is bit-exact.
+and decode_joined also take `out=` (a contiguous array from an earlier decode, reused) and `threads=`
+(host threads for a large decode; the result is bit-identical whatever the count). Arrays may be
+NumPy, torch (CPU or CUDA) or CuPy; integers wrap around, so integer coding is bit-exact.
 
 Layout helpers:
   split_blocks(x, k, axis=0, symbol_size=1) -> list   cut into k blocks, zero-padding the length to a
@@ -20,6 +21,8 @@ Layout helpers:
   measure_decode_error(code, symbols, ...) -> ErrorReport
 Bit-exact transport:
   to_bits(x) / from_bits(x, dtype)                     float tensor <-> same-width integer view
+Decode threads (default: PSF_DECODE_THREADS, else the usable cores, at most 4):
+  set_decode_threads(n) / get_decode_threads()         set (None: back to the default) / read the default
 """
 
 from psframework.codes.accuracy import ErrorReport, arrival_sets, max_symbols_within, measure_decode_error
@@ -29,11 +32,13 @@ from psframework.codes.factory import CODED_SCHEMES, make_code
 from psframework.codes.layout import BlockLayout, choose_symbol_size, join_blocks, plan_layout, split_blocks
 from psframework.codes.poly import NODES, PolyCode, UncodedCode, vandermonde_nodes
 from psframework.codes.sazd import SAZDCode, has_increasing_difference, nonsystematic_shifts, systematic_shifts
+from psframework.codes.threads import get_decode_threads, set_decode_threads
 from psframework.codes.zigzag import NotDecodableError, Schedule, compile_schedule
 
 __all__ = [
     "BlockLayout", "CODED_SCHEMES", "Code", "ErrorReport", "NODES", "NotDecodableError", "PolyCode", "SAZDCode",
     "Schedule", "UncodedCode", "arrival_sets", "choose_symbol_size", "compile_schedule", "from_bits",
-    "has_increasing_difference", "join_blocks", "make_code", "max_symbols_within", "measure_decode_error",
-    "nonsystematic_shifts", "plan_layout", "split_blocks", "systematic_shifts", "to_bits", "vandermonde_nodes",
+    "get_decode_threads", "has_increasing_difference", "join_blocks", "make_code", "max_symbols_within",
+    "measure_decode_error", "nonsystematic_shifts", "plan_layout", "set_decode_threads", "split_blocks",
+    "systematic_shifts", "to_bits", "vandermonde_nodes",
 ]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from psframework.codes.base import Code, Packets, check_int
+from psframework.codes.threads import resolve_threads
 from psframework.codes.xp import axis_index, backend_of
 from psframework.codes.zigzag import BoundSchedule, Schedule, _compile, compile_uncached
 
@@ -122,25 +123,30 @@ class SAZDCode(Code):
             packets.append(packet)
         return packets
 
-    def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1, out: Any = None) -> List[Any]:
+    def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1, out: Any = None,
+               threads: Optional[int] = None) -> List[Any]:
         """Return the k blocks, zigzag decoded from k of the given packets (systematic ones first).
 
         The blocks are views of one array holding them back to back along `axis`; pass that array as
         `out` (contiguous, same type, dtype and device as the packets) to decode into it again.
+        `threads` caps the host threads a large NumPy decode uses (default: `get_decode_threads()`);
+        the result is the same, bit for bit, whatever the count.
         """
+        threads = resolve_threads(threads)
         backend, arrived, axis, L = self._check_packets(packets, axis, symbol_size)
-        out = self._decode_into(backend, arrived, axis, symbol_size, L, out)
+        out = self._decode_into(backend, arrived, axis, symbol_size, L, out, threads)
         step = L * symbol_size
         return [out[axis_index(axis, i * step, (i + 1) * step)] for i in range(self.k)]
 
     def decode_joined(self, packets: Packets, axis: int = 0, symbol_size: int = 1, length: Any = None,
-                      out: Any = None) -> Any:
+                      out: Any = None, threads: Optional[int] = None) -> Any:
         """Decode into one array holding the blocks back to back along `axis`, cut to `length` when given.
 
-        `out`, when given, is that array (contiguous) from an earlier decode, reused.
+        `out`, when given, is that array (contiguous) from an earlier decode, reused; `threads` as in `decode`.
         """
+        threads = resolve_threads(threads)
         backend, arrived, axis, L = self._check_packets(packets, axis, symbol_size)
-        out = self._decode_into(backend, arrived, axis, symbol_size, L, out)
+        out = self._decode_into(backend, arrived, axis, symbol_size, L, out, threads)
         if length is None:
             return out
         length = check_int(length, "length", 0)
@@ -148,7 +154,8 @@ class SAZDCode(Code):
             raise ValueError(f"length {length} exceeds the {out.shape[axis]} decoded elements along axis {axis}")
         return out[axis_index(axis, 0, length)]
 
-    def _decode_into(self, backend: Any, arrived: dict, axis: int, symbol_size: int, L: int, out: Any) -> Any:
+    def _decode_into(self, backend: Any, arrived: dict, axis: int, symbol_size: int, L: int, out: Any,
+                     threads: int) -> Any:
         used = self.choose_packets(arrived)
         program = self.program(used, L, axis, symbol_size)
         first = arrived[used[0]]
@@ -158,7 +165,7 @@ class SAZDCode(Code):
             out = backend.empty(shape, like=first)
         else:
             self._check_out(backend, out, tuple(shape), first)
-        program.run(backend, [arrived[j] for j in used], out)
+        program.run(backend, [arrived[j] for j in used], out, threads)
         return out
 
     @staticmethod

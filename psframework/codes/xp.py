@@ -7,7 +7,7 @@ inputs. torch is imported only when a torch tensor is seen, CuPy only when a CuP
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,6 +76,10 @@ class Backend:
         """Store -a (0 - a, wrapping around for integers) into `out`."""
         raise NotImplementedError
 
+    def host_views(self, arrays: Sequence[Any]) -> Optional[List[np.ndarray]]:
+        """Return NumPy arrays sharing the memory of `arrays`, or None when they are not all in host memory."""
+        return None
+
     def neg_sum_into(self, out: Any, a: Any, scratch: Any) -> None:
         """Store minus the sum of `a` over its axis 1 into `out`, which may be one of the slices summed.
 
@@ -109,15 +113,6 @@ class NumpyBackend(Backend):
     """NumPy arrays; unsigned and signed integers wrap around."""
 
     name = "numpy"
-    # Sums of at most _BLAS_MAX_TERMS slices of these dtypes run as a matrix-vector product with BLAS,
-    # which reads each slice once; a ufunc reduction rereads and rewrites the partial sum for every
-    # slice, about twice the time. Longer sums keep the reduction's order of addition: BLAS regroups
-    # them, which measurably raised the worst-case decode error of the (16,12) and (20,16) codes.
-    _BLAS_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
-    _BLAS_MAX_TERMS = 8
-
-    def __init__(self) -> None:
-        self._minus_ones: dict = {}  # (length, dtype) -> vector of -1
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, np.ndarray)
@@ -155,16 +150,8 @@ class NumpyBackend(Backend):
     def neg(self, out: Any, a: Any) -> None:
         np.negative(a, out=out)
 
-    def neg_sum_into(self, out: Any, a: Any, scratch: Any) -> None:
-        if a.shape[1] > self._BLAS_MAX_TERMS or a.dtype not in self._BLAS_DTYPES:
-            super().neg_sum_into(out, a, scratch)
-            return
-        key = (a.shape[1], a.dtype)
-        weights = self._minus_ones.get(key)
-        if weights is None:
-            weights = self._minus_ones[key] = np.full(a.shape[1], -1, dtype=a.dtype)
-        # NumPy gives an `out` overlapping the input the result it would have without the overlap.
-        np.matmul(weights, a, out=out)
+    def host_views(self, arrays: Sequence[Any]) -> Optional[List[np.ndarray]]:
+        return list(arrays)
 
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
         return np.concatenate(list(arrays), axis=axis)
@@ -191,6 +178,9 @@ class TorchBackend(Backend):
         # torch has no add/sub kernels for these unsigned types; their bits travel as signed ints.
         self._unsupported = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
         self._unsupported.add(torch.bool)
+        # dtypes whose CPU tensors NumPy can view without a copy (not bfloat16, not the float8 types)
+        self._numpy_dtypes = {torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+                              torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, self.torch.Tensor)
@@ -211,6 +201,15 @@ class TorchBackend(Backend):
 
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
+
+    def host_views(self, arrays: Sequence[Any]) -> Optional[List[np.ndarray]]:
+        # NumPy's calls cost a fraction of torch's on the small slices of a decode, and they release
+        # the interpreter lock, so CPU tensors decode through views of their memory.
+        for x in arrays:
+            if (x.device.type != "cpu" or x.layout != self.torch.strided or x.dtype not in self._numpy_dtypes
+                    or x.requires_grad or x.is_conj() or x.is_neg()):
+                return None
+        return [x.numpy() for x in arrays]
 
     def empty(self, shape: Sequence[int], like: Any) -> Any:
         return self.torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
@@ -293,8 +292,8 @@ class CupyBackend(NumpyBackend):
     def neg(self, out: Any, a: Any) -> None:
         self.cupy.negative(a, out=out)
 
-    # CuPy does not promise a correct result when `out` overlaps the input: sum into the scratch array.
-    neg_sum_into = Backend.neg_sum_into
+    def host_views(self, arrays: Sequence[Any]) -> Optional[List[np.ndarray]]:
+        return None  # device memory: the calls run on the device's stream
 
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
         return self.cupy.concatenate(list(arrays), axis=axis)

@@ -9,20 +9,26 @@ and a lone symbol whose terms are evenly spaced in the decoded buffer (always so
 and non-systematic constructions) is solved by one strided sum. The result is a short tuple of
 operations that only copy, add and subtract; it is cached per arrival set and block length.
 
-Binding turns the operations into array calls for one layout. Every strided sum becomes one call
-that reads each summed symbol once, and the negated packet symbols that RNEG operations start from
-are written before the first round, neighbours merged into one slice.
+Binding turns the operations into array calls. The negated packet symbols that RNEG operations
+start from are written before the first round, neighbours merged into one slice. Arrays in host
+memory (NumPy, and CPU torch tensors through zero-copy NumPy views) are decoded through one canonical
+view, (outer, symbols, columns), in which every call treats each column alike: a large decode splits
+the columns (or the outer rows) into stripes that threads decode at once, each running the whole
+schedule on its stripe. Every element sees the same operations in the same order whatever the split,
+so the result does not depend on the thread count. Other arrays (CUDA tensors, CuPy) run the calls
+on the arrays as they are, in one stream.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from psframework.codes.threads import POOL
 from psframework.codes.xp import Backend, axis_index
 
 # Operation kinds. Offsets and lengths are in symbols; "out" is the decoded buffer, block i of which
@@ -46,6 +52,26 @@ _ISUB_O = 2  # out[a] -= out[b]
 _NEG_P = 3  # out[a] = -packets[b][c]
 _IADD_P = 4  # out[a] += packets[b][c]
 _NSUM = 5  # rows[c] = -(sum of rows[a] over the run axis), where rows[c] may be one of the summed symbols
+# Canonical calls only: rows[c[0]] = packets[b][c[1]] - (sum of rows[a] over the run axis); c[2]: terms
+_PSUM = 6
+
+# A threaded decode gives each stripe at least this many bytes of every symbol (over all outer rows).
+# Every call then works long enough, without the interpreter lock, that the threads seldom wait for
+# it. On the 2-core machine of docs/benchmarks/codec.md two threads lost 5-10% with 32 KiB stripes
+# and gained 1.1-1.4x with 48-256 KiB ones (`psf bench codec`, decode threads table).
+MIN_STRIPE_SYMBOL_BYTES = 48 << 10
+_CACHE_LINE = 64  # column stripes start on cache-line multiples, so two threads never write one line
+# A block set too small ever to be split sums at most _BLAS_MAX_TERMS symbols of these dtypes as a
+# matrix-vector product with BLAS, which reads each symbol once: a ufunc reduction rereads and
+# rewrites the partial sum for every symbol, up to 1.7 times the time of one sum in cache and 1.1-1.2
+# times that of a whole (12,8) decode.
+# BLAS groups the terms by where a column falls in its call, so a split block set could round
+# differently from an unsplit one: block sets large enough to split always take the reduction, whose
+# order (increasing, for every column) no split changes. Longer sums take the reduction too: BLAS
+# regroups them, which measurably raised the worst-case decode error of the (16,12) and (20,16) codes.
+_BLAS_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
+_BLAS_MAX_TERMS = 8
+_minus_ones: dict = {}  # (terms, dtype) -> vector of -1
 
 
 class NotDecodableError(ValueError):
@@ -72,6 +98,37 @@ class Schedule:
             else:
                 total += n if kind == COPY else 2 * n
         return total
+
+    @cached_property
+    def row_calls(self) -> Tuple[Tuple[int, Any, Any, Any], ...]:
+        """Return the schedule as primitive calls on canonical (outer, symbols, columns) views.
+
+        Every index is (all outer rows, symbols), so the same calls decode any stripe of columns or rows.
+        """
+        every = slice(None)
+
+        def span(start: int, n: int = 1) -> Tuple[slice, slice]:
+            return every, slice(start, start + n)
+
+        def run(start: int, count: int, step: int) -> Tuple[slice, slice]:
+            return every, slice(start, start + (count - 1) * step + 1, step)
+
+        negations: List[Tuple[int, int, int]] = []
+        calls: List[Tuple[int, Any, Any, Any]] = []
+        for kind, dst, n, slot, src, terms in self.ops:
+            if kind == COPY:
+                calls.append((_COPY_P, span(dst, n), slot, span(src, n)))
+            elif kind == SUB:
+                calls.append((_SUB_PO, span(dst, n), slot, (span(src, n), span(terms, n))))
+            elif kind == ISUB:
+                calls.append((_ISUB_O, span(dst, n), span(terms, n), None))
+            elif kind == RSUB:  # packet - sum rounds exactly as -sum + packet
+                calls.append((_PSUM, run(*terms), slot, ((every, dst), (every, src), terms[1])))
+            else:
+                calls.append((_NSUM, run(*terms), terms[1], (every, dst)))
+                negations.append((slot, dst, src))
+        first = [(_NEG_P, span(dst, n), slot, span(src, n)) for slot, dst, src, n in _merge_runs(negations)]
+        return tuple(first + calls)
 
     def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
         """Return the schedule as primitive calls whose symbol offsets are index tuples along `axis`.
@@ -116,39 +173,121 @@ class BoundSchedule:
     calls: Tuple[Tuple[int, Any, Any, Any], ...]
     sums: bool  # whether any call is a strided sum
 
-    def run(self, backend: Backend, packets: Sequence[Any], out: Any) -> None:
-        """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis."""
+    def run(self, backend: Backend, packets: Sequence[Any], out: Any, threads: int = 1) -> None:
+        """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis.
+
+        Host arrays decode in up to `threads` threads when the symbols are large enough (see plan_stripes).
+        """
         shape = tuple(out.shape)
         a, s = self.axis, self.symbol_size
         outer, width = math.prod(shape[:a]), s * math.prod(shape[a + 1:])
-        # One row per symbol: a strided slice of rows is an evenly spaced run of symbols.
+        views = backend.host_views([out, *packets])
+        if views is not None:
+            out, *packets = views
+            # One row per symbol: a strided slice of rows is an evenly spaced run of symbols. The packets
+            # reshape to views wherever their strides allow (always when they are contiguous).
+            rows = out.reshape(outer, shape[a] // s, width)
+            canonical = [p.reshape(outer, p.shape[a] // s, width) for p in packets]
+            symbol_bytes = outer * width * out.itemsize
+            if symbol_bytes < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the thread count
+                run_rows(self.schedule.row_calls, canonical, rows, blas=True)
+            else:
+                run_striped(self.schedule.row_calls, canonical, rows, plan_stripes(outer, width, out.itemsize,
+                                                                                   threads))
+            return
         rows = out.reshape(outer, shape[a] // s, width)
         scratch = backend.empty((outer, width), like=out) if self.sums else None
         run_calls(backend, self.calls, packets, out, rows, scratch)
 
 
+def plan_stripes(outer: int, width: int, itemsize: int, threads: int) -> List[Tuple[slice, slice]]:
+    """Return the (outer rows, columns) stripes a host decode runs in parallel, one per thread.
+
+    Each stripe gets at least MIN_STRIPE_SYMBOL_BYTES of every symbol, so small decodes stay in one
+    stripe. Whole outer rows are split when they divide evenly (longer contiguous pieces), else columns,
+    on cache-line boundaries.
+    """
+    every = slice(None)
+    count = min(threads, outer * width * itemsize // MIN_STRIPE_SYMBOL_BYTES)
+    if count >= 2 and outer % count == 0:
+        step = outer // count
+        return [(slice(i * step, (i + 1) * step), every) for i in range(count)]
+    align = max(1, _CACHE_LINE // itemsize)
+    count = min(count, width // align)
+    if count < 2:
+        return [(every, every)]
+    bounds = [round(width * i / count / align) * align for i in range(count)] + [width]
+    return [(every, slice(start, stop)) for start, stop in zip(bounds, bounds[1:]) if stop > start]
+
+
+def run_striped(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], rows: Any,
+                stripes: Sequence[Tuple[slice, slice]]) -> None:
+    """Run canonical calls on every stripe of `rows` and `packets`, the stripes on the decode threads at once."""
+    if len(stripes) == 1:
+        run_stripe(calls, packets, rows, stripes[0])
+    else:
+        POOL.run([partial(run_stripe, calls, packets, rows, stripe) for stripe in stripes])
+
+
+def run_stripe(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], rows: Any,
+               stripe: Tuple[slice, slice]) -> None:
+    """Run canonical calls on one (outer rows, columns) stripe of `rows` and `packets`."""
+    lines, columns = stripe
+    if lines != slice(None) or columns != slice(None):
+        rows = rows[lines, :, columns]
+        packets = [p[lines, :, columns] for p in packets]
+    run_rows(calls, packets, rows)
+
+
+def run_rows(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], rows: Any,
+             blas: bool = False) -> None:
+    """Execute canonical calls on NumPy views: copies, negations, subtractions and strided sums.
+
+    Each strided sum adds its symbols in increasing order with one ufunc reduction, the same order for
+    every column; with `blas`, sums of at most _BLAS_MAX_TERMS floating symbols are BLAS products.
+    """
+    add_reduce, subtract, negative, add, matmul = np.add.reduce, np.subtract, np.negative, np.add, np.matmul
+    dtype = rows.dtype
+    blas = blas and dtype in _BLAS_DTYPES
+    scratch = np.empty((rows.shape[0], rows.shape[2]), dtype=dtype)  # one symbol
+    for call, a, b, c in calls:
+        if call == _NSUM:
+            if blas and b <= _BLAS_MAX_TERMS:
+                # NumPy gives an `out` overlapping the input the result it would have without the overlap.
+                matmul(_minus_ones_vector(b, dtype), rows[a], out=rows[c])
+            else:
+                add_reduce(rows[a], axis=1, dtype=dtype, out=scratch)
+                negative(scratch, out=rows[c])
+        elif call == _PSUM:
+            if blas and c[2] <= _BLAS_MAX_TERMS:
+                matmul(_minus_ones_vector(c[2], dtype), rows[a], out=scratch)
+                add(scratch, packets[b][c[1]], out=rows[c[0]])
+            else:
+                add_reduce(rows[a], axis=1, dtype=dtype, out=scratch)
+                subtract(packets[b][c[1]], scratch, out=rows[c[0]])
+        elif call == _SUB_PO:
+            subtract(packets[b][c[0]], rows[c[1]], out=rows[a])
+        elif call == _NEG_P:
+            negative(packets[b][c], out=rows[a])
+        elif call == _ISUB_O:
+            view = rows[a]
+            subtract(view, rows[b], out=view)
+        else:
+            rows[a] = packets[b][c]
+
+
+def _minus_ones_vector(terms: int, dtype: np.dtype) -> np.ndarray:
+    key = (terms, dtype)
+    vector = _minus_ones.get(key)
+    if vector is None:
+        vector = _minus_ones[key] = np.full(terms, -1, dtype=dtype)
+    return vector
+
+
 def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], out: Any,
               rows: Any, scratch: Any) -> None:
-    """Execute bound calls: copies, negations, additions, subtractions and negated strided sums."""
+    """Execute bound calls through `backend`: copies, negations, additions, subtractions and negated strided sums."""
     neg_sum = backend.neg_sum_into
-    if backend.name == "numpy":  # NumPy ufuncs called directly: the per-call overhead is most of a small op
-        add, subtract, negative = np.add, np.subtract, np.negative
-        for call, a, b, c in calls:
-            if call == _NSUM:
-                neg_sum(rows[c], rows[a], scratch)
-            elif call == _SUB_PO:
-                subtract(packets[b][c[0]], out[c[1]], out=out[a])
-            elif call == _NEG_P:
-                negative(packets[b][c], out=out[a])
-            elif call == _IADD_P:
-                view = out[a]
-                add(view, packets[b][c], out=view)
-            elif call == _ISUB_O:
-                view = out[a]
-                subtract(view, out[b], out=view)
-            else:
-                out[a] = packets[b][c]
-        return
     sub, isub, iadd, neg, copy = backend.sub, backend.isub, backend.iadd, backend.neg, backend.copy
     for call, a, b, c in calls:
         if call == _NSUM:
