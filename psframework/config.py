@@ -338,9 +338,10 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
     elif d.root is not None:
         _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
     if cfg.is_mpi and world_size is not None:
+        other = f" or set code.n={world_size - 1}" if world_size > 1 else ""
         _require(world_size == c.n + 1,
                  f"world size {world_size} does not fit code.n={c.n}: scheme {cfg.scheme} needs n+1 = "
-                 f"{c.n + 1} ranks (1 server + {c.n} workers); launch with mpiexec -n {c.n + 1} or set code.n={world_size - 1}")
+                 f"{c.n + 1} ranks (1 server + {c.n} workers); launch with mpiexec -n {c.n + 1}{other}")
     if cfg.scheme == "reference" and world_size is not None:
         _require(world_size == 1, f"world size {world_size}: scheme reference runs in one process, not under mpiexec -n {world_size}")
     if cfg.device == "cuda":

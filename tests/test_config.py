@@ -105,6 +105,9 @@ def test_world_size_must_be_n_plus_one():
     assert load_config(None, ["scheme=sazd"], world_size=5).code.n == 4
     with pytest.raises(ConfigError, match="scheme reference runs in one process"):
         load_config(None, [], world_size=3)
+    # Started without mpiexec: the only advice is how to launch (no code.n=0 suggestion).
+    with pytest.raises(ConfigError, match=r"scheme stanza needs n\+1 = 5 ranks .*launch with mpiexec -n 5$"):
+        load_config(None, ["scheme=stanza"], world_size=1)
 
 
 def test_bad_files(tmp_path):
