@@ -247,9 +247,9 @@ def run_rows(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any],
     every column; with `blas`, sums of at most _BLAS_MAX_TERMS floating symbols are BLAS products.
     """
     add_reduce, subtract, negative, add, matmul = np.add.reduce, np.subtract, np.negative, np.add, np.matmul
-    dtype = rows.dtype
-    blas = blas and dtype in _BLAS_DTYPES
-    scratch = np.empty((rows.shape[0], rows.shape[2]), dtype=dtype)  # one symbol
+    dtype = rows.dtype.type  # the scalar type: a ufunc's dtype argument may not name a byte order
+    blas = blas and rows.dtype in _BLAS_DTYPES
+    scratch = np.empty((rows.shape[0], rows.shape[2]), dtype=rows.dtype)  # one symbol
     for call, a, b, c in calls:
         if call == _NSUM:
             if blas and b <= _BLAS_MAX_TERMS:
