@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from psframework.codes.threads import ENV_VAR as DECODE_THREADS_ENV, set_decode_threads
 from psframework.config import Config
 
 
@@ -18,7 +20,9 @@ def make_transports(cfg: Config, comm: Any = None, peers: bool = False) -> Tuple
     from psframework.comm import Transport, configure_threads, link_emulator, setup_roles
 
     roles = setup_roles(comm)
-    configure_threads(roles.comm, threads=cfg.comm.threads or None)
+    plan = configure_threads(roles.comm, threads=cfg.comm.threads or None)
+    if not os.environ.get(DECODE_THREADS_ENV):  # decoding shares this rank's cores like torch and BLAS do
+        set_decode_threads(plan.threads)
     emulate = cfg.comm.emulate
 
     def transport(on: Any) -> Any:
