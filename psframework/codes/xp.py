@@ -80,14 +80,6 @@ class Backend:
         """Return NumPy arrays sharing the memory of `arrays`, or None when they are not all in host memory."""
         return None
 
-    def neg_sum_into(self, out: Any, a: Any, scratch: Any) -> None:
-        """Store minus the sum of `a` over its axis 1 into `out`, which may be one of the slices summed.
-
-        `scratch` is a spare array shaped like `out`.
-        """
-        self.sum_into(scratch, a, 1)
-        self.neg(out, scratch)
-
     def copy(self, out: Any, a: Any) -> None:
         """Copy `a` into `out`."""
         out[...] = a

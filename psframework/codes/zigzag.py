@@ -29,7 +29,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from psframework.codes.threads import POOL
-from psframework.codes.xp import Backend, axis_index
+from psframework.codes.xp import Backend
 
 # Operation kinds. Offsets and lengths are in symbols; "out" is the decoded buffer, block i of which
 # starts at symbol i * L. Op = (kind, dst, n, slot, src, terms).
@@ -50,7 +50,6 @@ _COPY_P = 0  # out[a] = packets[b][c]
 _SUB_PO = 1  # out[a] = packets[b][c[0]] - out[c[1]]
 _ISUB_O = 2  # out[a] -= out[b]
 _NEG_P = 3  # out[a] = -packets[b][c]
-_IADD_P = 4  # out[a] += packets[b][c]
 _NSUM = 5  # rows[c] = -(sum of rows[a] over the run axis), where rows[c] may be one of the summed symbols
 # Canonical calls only: rows[c[0]] = packets[b][c[1]] - (sum of rows[a] over the run axis); c[2]: terms
 _PSUM = 6
@@ -131,47 +130,17 @@ class Schedule:
         return tuple(first + calls)
 
     def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
-        """Return the schedule as primitive calls whose symbol offsets are index tuples along `axis`.
-
-        Strided sums index the decoded buffer viewed as (outer, symbols, elements per symbol).
-        """
-        s = symbol_size
-
-        def span(start: int, n: int = 1) -> Tuple[slice, ...]:
-            return axis_index(axis, start * s, (start + n) * s)
-
-        def run(start: int, count: int, step: int) -> Tuple[slice, slice]:
-            return slice(None), slice(start, start + (count - 1) * step + 1, step)
-
-        negations: List[Tuple[int, int, int]] = []  # (slot, dst, src): where the RNEG sums start from
-        calls: List[Tuple[int, Any, Any, Any]] = []
-        for kind, dst, n, slot, src, terms in self.ops:
-            if kind == COPY:
-                calls.append((_COPY_P, span(dst, n), slot, span(src, n)))
-            elif kind == SUB:
-                calls.append((_SUB_PO, span(dst, n), slot, (span(src, n), span(terms, n))))
-            elif kind == ISUB:
-                calls.append((_ISUB_O, span(dst, n), span(terms, n), None))
-            elif kind == RSUB:  # -sum, then + packet: rounds exactly as packet - sum
-                calls.append((_NSUM, run(*terms), None, (slice(None), dst)))
-                calls.append((_IADD_P, span(dst), slot, span(src)))
-            else:
-                calls.append((_NSUM, run(*terms), None, (slice(None), dst)))
-                negations.append((slot, dst, src))
-        # An RNEG's symbol is unsolved, so unread, until its own sum: its start value can be written first.
-        first = [(_NEG_P, span(dst, n), slot, span(src, n)) for slot, dst, src, n in _merge_runs(negations)]
-        return BoundSchedule(self, axis, symbol_size, tuple(first + calls), any(c[0] == _NSUM for c in calls))
+        """Return the schedule bound to a layout: blocks along `axis`, `symbol_size` elements per symbol."""
+        return BoundSchedule(self, axis, symbol_size)
 
 
 @dataclass(frozen=True, eq=False)
 class BoundSchedule:
-    """A schedule as a flat tuple of primitive calls (call, a, b, c) with ready-made index tuples."""
+    """A schedule bound to a layout; its calls run on (outer, symbols, columns) views of any array."""
 
     schedule: Schedule
     axis: int
     symbol_size: int
-    calls: Tuple[Tuple[int, Any, Any, Any], ...]
-    sums: bool  # whether any call is a strided sum
 
     def run(self, backend: Backend, packets: Sequence[Any], out: Any, threads: int = 1) -> None:
         """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis.
@@ -182,22 +151,20 @@ class BoundSchedule:
         a, s = self.axis, self.symbol_size
         outer, width = math.prod(shape[:a]), s * math.prod(shape[a + 1:])
         views = backend.host_views([out, *packets])
-        if views is not None:
+        host = views is not None
+        if host:
             out, *packets = views
-            # One row per symbol: a strided slice of rows is an evenly spaced run of symbols. The packets
-            # reshape to views wherever their strides allow (always when they are contiguous).
-            rows = out.reshape(outer, shape[a] // s, width)
-            canonical = [p.reshape(outer, p.shape[a] // s, width) for p in packets]
-            symbol_bytes = outer * width * out.itemsize
-            if symbol_bytes < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the thread count
-                run_rows(self.schedule.row_calls, canonical, rows, blas=True)
-            else:
-                run_striped(self.schedule.row_calls, canonical, rows, plan_stripes(outer, width, out.itemsize,
-                                                                                   threads))
-            return
+        # One row per symbol: a strided slice of rows is an evenly spaced run of symbols. The packets
+        # reshape to views wherever their strides allow (always when they are contiguous).
         rows = out.reshape(outer, shape[a] // s, width)
-        scratch = backend.empty((outer, width), like=out) if self.sums else None
-        run_calls(backend, self.calls, packets, out, rows, scratch)
+        canonical = [p.reshape(outer, p.shape[a] // s, width) for p in packets]
+        calls = self.schedule.row_calls
+        if not host:  # device arrays: one stream, no host threads
+            run_backend_rows(backend, calls, canonical, rows)
+        elif outer * width * out.itemsize < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the threads
+            run_rows(calls, canonical, rows, blas=True)
+        else:
+            run_striped(calls, canonical, rows, plan_stripes(outer, width, out.itemsize, threads))
 
 
 def plan_stripes(outer: int, width: int, itemsize: int, threads: int) -> List[Tuple[slice, slice]]:
@@ -284,24 +251,25 @@ def _minus_ones_vector(terms: int, dtype: np.dtype) -> np.ndarray:
     return vector
 
 
-def run_calls(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], out: Any,
-              rows: Any, scratch: Any) -> None:
-    """Execute bound calls through `backend`: copies, negations, additions, subtractions and negated strided sums."""
-    neg_sum = backend.neg_sum_into
-    sub, isub, iadd, neg, copy = backend.sub, backend.isub, backend.iadd, backend.neg, backend.copy
+def run_backend_rows(backend: Backend, calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any],
+                     rows: Any) -> None:
+    """Execute canonical calls through `backend`, one array operation each, in the order of run_rows."""
+    scratch = backend.empty((rows.shape[0], rows.shape[2]), like=rows)  # one symbol
     for call, a, b, c in calls:
         if call == _NSUM:
-            neg_sum(rows[c], rows[a], scratch)
+            backend.sum_into(scratch, rows[a], 1)
+            backend.neg(rows[c], scratch)
+        elif call == _PSUM:
+            backend.sum_into(scratch, rows[a], 1)
+            backend.sub(rows[c[0]], packets[b][c[1]], scratch)
         elif call == _SUB_PO:
-            sub(out[a], packets[b][c[0]], out[c[1]])
+            backend.sub(rows[a], packets[b][c[0]], rows[c[1]])
         elif call == _NEG_P:
-            neg(out[a], packets[b][c])
-        elif call == _IADD_P:
-            iadd(out[a], packets[b][c])
+            backend.neg(rows[a], packets[b][c])
         elif call == _ISUB_O:
-            isub(out[a], out[b])
+            backend.isub(rows[a], rows[b])
         else:
-            copy(out[a], packets[b][c])
+            backend.copy(rows[a], packets[b][c])
 
 
 def compile_schedule(shifts: np.ndarray, used: Sequence[int], symbols: int) -> Schedule:
