@@ -17,7 +17,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from psframework.bench.machine import cpu_model
 from psframework.fileio import atomic_write_json, atomic_write_text
@@ -64,6 +64,16 @@ def raw_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
     return mean
 
 
+def timed_rounds(one_round: Callable[[int], None], iterations: int) -> float:
+    """Run two warm-up rounds, then `iterations` timed ones; return the mean seconds per timed round."""
+    one_round(0)
+    one_round(1)
+    start = time.perf_counter()
+    for i in range(2, iterations + 2):
+        one_round(i)
+    return (time.perf_counter() - start) / iterations
+
+
 def transport_one_way(t: Any, nbytes: int, iterations: int, server_sends: bool, torch_memory: bool = False) -> float:
     """Return the time per message of nbytes through the transport, each answered by an empty ack.
 
@@ -84,19 +94,17 @@ def transport_one_way(t: Any, nbytes: int, iterations: int, server_sends: bool, 
     sender = 0 if server_sends else 1
     receiver = 1 - sender
     t.comm.Barrier()
-    start = 0.0
-    for i in range(iterations + 2):  # two warm-up rounds
-        if i == 2:
-            start = time.perf_counter()
-        data_env, ack_env = data_env.with_iteration(i), ack_env.with_iteration(i)
+
+    def one_round(i: int) -> None:
+        data, done = data_env.with_iteration(i), ack_env.with_iteration(i)
         if rank == sender:
-            t.send(receiver, payload, data_env)
-            t.recv(receiver, ack_env, out=ack)
+            t.send(receiver, payload, data)
+            t.recv(receiver, done, out=ack)
         elif rank == receiver:
-            t.recv(sender, data_env, out=payload)
-            t.send(sender, ack, ack_env)
-    elapsed = (time.perf_counter() - start) / iterations
-    return elapsed
+            t.recv(sender, data, out=payload)
+            t.send(sender, ack, done)
+
+    return timed_rounds(one_round, iterations)
 
 
 def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
@@ -108,17 +116,16 @@ def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
     s_msg, r_msg = host_empty((nbytes,), "uint8").numpy(), host_empty((nbytes,), "uint8").numpy()
     rank = comm.Get_rank()
     comm.Barrier()
-    start = 0.0
-    for i in range(iterations + 2):  # two warm-up rounds
-        if i == 2:
-            start = time.perf_counter()
+
+    def one_round(i: int) -> None:
         if rank == 0:
             comm.Send([s_msg, MPI.BYTE], 1, 1)
             comm.Recv([r_msg, MPI.BYTE], 1, 2)
         elif rank == 1:
             comm.Recv([r_msg, MPI.BYTE], 0, 1)
             comm.Send([s_msg, MPI.BYTE], 0, 2)
-    return (time.perf_counter() - start) / iterations / 2
+
+    return timed_rounds(one_round, iterations) / 2
 
 
 def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
@@ -130,18 +137,17 @@ def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
     there = Envelope(Kind.COMMAND, 0, layer=2, phase=Phase.FORWARD)
     back = Envelope(Kind.REPLY, 0, layer=2, phase=Phase.FORWARD)
     t.comm.Barrier()
-    start = 0.0
-    for i in range(iterations + 2):  # two warm-up rounds
-        if i == 2:
-            start = time.perf_counter()
-        there, back = there.with_iteration(i), back.with_iteration(i)
+
+    def one_round(i: int) -> None:
+        go, come = there.with_iteration(i), back.with_iteration(i)
         if t.rank == 0:
-            t.send(1, s_msg, there)
-            t.recv(1, back, out=r_msg)
+            t.send(1, s_msg, go)
+            t.recv(1, come, out=r_msg)
         elif t.rank == 1:
-            t.recv(0, there, out=r_msg)
-            t.send(0, s_msg, back)
-    return (time.perf_counter() - start) / iterations / 2
+            t.recv(0, go, out=r_msg)
+            t.send(0, s_msg, come)
+
+    return timed_rounds(one_round, iterations) / 2
 
 
 def measure_bandwidth(comm: Any, t: Any, sizes: List[int], repeats: int, quick: bool) -> List[Dict[str, Any]]:

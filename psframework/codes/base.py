@@ -11,14 +11,19 @@ from psframework.codes.xp import Backend, common_backend
 Packets = Union[Mapping[int, Any], Iterable[Tuple[int, Any]]]
 
 
+def _as_index(value: Any, message: str) -> int:
+    """Return `value` as an int (booleans refused); raise ValueError(message) otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(message)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(message) from None
+
+
 def check_int(value: Any, name: str, minimum: int) -> int:
     """Return `value` as an int; raise ValueError unless it is an integer >= `minimum`."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+    number = _as_index(value, f"{name} must be an integer >= {minimum}, got {value!r}")
     if number < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
     return number
@@ -26,12 +31,7 @@ def check_int(value: Any, name: str, minimum: int) -> int:
 
 def check_axis(axis: Any, ndim: int) -> int:
     """Return `axis` normalised to 0..ndim-1; raise ValueError when it is out of range."""
-    if isinstance(axis, bool):
-        raise ValueError(f"axis must be an integer, got {axis!r}")
-    try:
-        axis = operator.index(axis)
-    except TypeError:
-        raise ValueError(f"axis must be an integer, got {axis!r}") from None
+    axis = _as_index(axis, f"axis must be an integer, got {axis!r}")
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for {ndim}-dimensional arrays "
                          f"(expected {-ndim} <= axis < {ndim})")
