@@ -196,7 +196,7 @@ def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int,
         decode[label] = {
             "packets": list(used), "operations": len(schedule.ops), "symbol_operations": schedule.symbol_ops,
             "rounds": schedule.rounds,
-            "compile_s": median_time(lambda: sazd.schedule(used, symbols, cache=False).bind(0, 1),
+            "compile_s": median_time(lambda: sazd.schedule(used, symbols, cache=False),
                                      max(3, repeats // 4)),
             "decode_s": medians["decode " + label], "numpy_sum_s": medians["sum " + label],
             "decode_min_s": minima["decode " + label], "numpy_sum_min_s": minima["sum " + label],
@@ -345,7 +345,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
               "symbols per block, axis 0), times in milliseconds, medians; SAZD with up to "
               f"{m['decode_threads']} decode threads, Poly with {m['blas_threads']} BLAS threads. SAZD packets are "
               "L + padding symbols long. *k-packet sum*: NumPy adding the same k packets the decoder used into a "
-              "fresh array, measured in the same run. Compile: working out and binding the zigzag schedule of one "
+              "fresh array, measured in the same run. Compile: working out the zigzag schedule of one "
               "arrival set, done once per arrival set and cached; the decode figures are cached decodes into a "
               "fresh output (allocating it costs page faults), and, where marked, into an output array reused "
               "from call to call "

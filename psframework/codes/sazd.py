@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -10,9 +9,8 @@ import numpy as np
 from psframework.codes.base import Code, Packets, check_int
 from psframework.codes.threads import resolve_threads
 from psframework.codes.xp import axis_index, backend_of
-from psframework.codes.zigzag import BoundSchedule, Schedule, _compile, compile_uncached
+from psframework.codes.zigzag import Schedule, _compile, compile_uncached
 
-_PROGRAMS_KEPT = 1024  # bound decoders kept per code (arrival sets x block lengths x layouts)
 
 
 def systematic_shifts(n: int, k: int) -> np.ndarray:
@@ -67,7 +65,6 @@ class SAZDCode(Code):
         self.shifts = shifts
         self._key = tuple(map(tuple, shifts.tolist()))
         self._padding = int(shifts.max(initial=0))
-        self._programs: "OrderedDict[Tuple[Tuple[int, ...], int, int, int], BoundSchedule]" = OrderedDict()
 
     @property
     def padding(self) -> int:
@@ -80,19 +77,6 @@ class SAZDCode(Code):
             raise ValueError(f"a schedule uses exactly k={self.k} packets, got {len(used)}")
         symbols = check_int(symbols, "symbols", 1)
         return _compile(self._key, used, symbols) if cache else compile_uncached(self._key, used, symbols)
-
-    def program(self, used: Tuple[int, ...], symbols: int, axis: int, symbol_size: int) -> BoundSchedule:
-        """Return the cached, bound decoder for packets `used`, compiling it on first use."""
-        key = (used, symbols, axis, symbol_size)
-        bound = self._programs.get(key)
-        if bound is None:
-            bound = _compile(self._key, used, symbols).bind(axis, symbol_size)
-            self._programs[key] = bound
-            if len(self._programs) > _PROGRAMS_KEPT:
-                self._programs.popitem(last=False)  # the least recently used
-        else:
-            self._programs.move_to_end(key)
-        return bound
 
     def encode(self, blocks: Sequence[Any], axis: int = 0, symbol_size: int = 1) -> List[Any]:
         """Return the n packets: packet j = sum over i of block i shifted by shifts[j, i] symbols.
@@ -157,7 +141,7 @@ class SAZDCode(Code):
     def _decode_into(self, backend: Any, arrived: dict, axis: int, symbol_size: int, L: int, out: Any,
                      threads: int) -> Any:
         used = self.choose_packets(arrived)
-        program = self.program(used, L, axis, symbol_size)
+        schedule = _compile(self._key, used, L)
         first = arrived[used[0]]
         shape = list(first.shape)
         shape[axis] = self.k * L * symbol_size
@@ -165,7 +149,7 @@ class SAZDCode(Code):
             out = backend.empty(shape, like=first)
         else:
             self._check_out(backend, out, tuple(shape), first)
-        program.run(backend, [arrived[j] for j in used], out, threads)
+        schedule.run(backend, [arrived[j] for j in used], out, axis, symbol_size, threads)
         return out
 
     @staticmethod

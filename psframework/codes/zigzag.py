@@ -9,14 +9,15 @@ and a lone symbol whose terms are evenly spaced in the decoded buffer (always so
 and non-systematic constructions) is solved by one strided sum. The result is a short tuple of
 operations that only copy, add and subtract; it is cached per arrival set and block length.
 
-Binding turns the operations into array calls. The negated packet symbols that RNEG operations
-start from are written before the first round, neighbours merged into one slice. Arrays in host
+The operations become array calls (`row_calls`, made with the schedule). The negated packet symbols
+that RNEG operations start from are written before the first round, neighbours merged into one
+slice. Arrays in host
 memory (NumPy, and CPU torch tensors through zero-copy NumPy views) are decoded through one canonical
 view, (outer, symbols, columns), in which every call treats each column alike: a large decode splits
 the columns (or the outer rows) into stripes that threads decode at once, each running the whole
 schedule on its stripe. Every element sees the same operations in the same order whatever the split,
-so the result does not depend on the thread count. Other arrays (CUDA tensors, CuPy) run the calls
-on the arrays as they are, in one stream.
+so the result does not depend on the thread count. Other arrays (CUDA tensors, CuPy) run the same
+calls on the same canonical views through their backend, in one stream.
 """
 
 from __future__ import annotations
@@ -129,26 +130,14 @@ class Schedule:
         first = [(_NEG_P, span(dst, n), slot, span(src, n)) for slot, dst, src, n in _merge_runs(negations)]
         return tuple(first + calls)
 
-    def bind(self, axis: int, symbol_size: int) -> "BoundSchedule":
-        """Return the schedule bound to a layout: blocks along `axis`, `symbol_size` elements per symbol."""
-        return BoundSchedule(self, axis, symbol_size)
-
-
-@dataclass(frozen=True, eq=False)
-class BoundSchedule:
-    """A schedule bound to a layout; its calls run on (outer, symbols, columns) views of any array."""
-
-    schedule: Schedule
-    axis: int
-    symbol_size: int
-
-    def run(self, backend: Backend, packets: Sequence[Any], out: Any, threads: int = 1) -> None:
-        """Decode `packets` (in slot order) into `out`, a contiguous array of k * L * symbol_size along the axis.
+    def run(self, backend: Backend, packets: Sequence[Any], out: Any, axis: int, symbol_size: int,
+            threads: int = 1) -> None:
+        """Decode `packets` (in slot order) into `out`, contiguous, k * L * symbol_size long along `axis`.
 
         Host arrays decode in up to `threads` threads when the symbols are large enough (see plan_stripes).
         """
         shape = tuple(out.shape)
-        a, s = self.axis, self.symbol_size
+        a, s = axis, symbol_size
         outer, width = math.prod(shape[:a]), s * math.prod(shape[a + 1:])
         views = backend.host_views([out, *packets])
         host = views is not None
@@ -158,7 +147,7 @@ class BoundSchedule:
         # reshape to views wherever their strides allow (always when they are contiguous).
         rows = out.reshape(outer, shape[a] // s, width)
         canonical = [p.reshape(outer, p.shape[a] // s, width) for p in packets]
-        calls = self.schedule.row_calls
+        calls = self.row_calls
         if not host:  # device arrays: one stream, no host threads
             run_backend_rows(backend, calls, canonical, rows)
         elif outer * width * out.itemsize < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the threads
@@ -297,7 +286,9 @@ def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L:
     for level in range(1, int(levels.max()) + 1):
         chosen = levels == level
         ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
-    return Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
+    schedule = Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
+    schedule.row_calls  # made now, so that compiling is all the work a new arrival set costs
+    return schedule
 
 
 _compile = lru_cache(maxsize=4096)(_compile_impl)
