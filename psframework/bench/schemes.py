@@ -25,10 +25,9 @@ def analytic_bytes(config: str, overrides: Sequence[str]) -> Tuple[int, int]:
     """Return the analytic (sent, received) payload bytes per iteration of rank 0 for a case."""
     from psframework.config import load_config
     from psframework.schemes import coded, ps, stanza
-    from psframework.schemes.common import build_problem
 
     cfg = load_config(config, overrides)
-    _, model = build_problem(cfg)
+    model = coded.worker_model(cfg)  # the layer shapes, without loading the data
     count: Callable = {"ps": ps.expected_server_bytes, "stanza": stanza.expected_server_bytes}.get(
         cfg.scheme, coded.expected_server_bytes)
     return count(cfg, model)

@@ -123,10 +123,15 @@ class DataParallelServer(ABC):
         self.timings["wait_s"] += result.wait_s
         return result
 
-    def shard_sizes(self, step: Step) -> Dict[int, int]:
-        """Return each worker rank's number of samples in this iteration's global batch."""
+    def shards(self, step: Step) -> Dict[int, slice]:
+        """Return each worker rank's part of this iteration's global batch (as `data.shard` cuts it)."""
         bounds = shard_bounds(len(step.indices), self.n)
-        return {rank: bounds[i + 1] - bounds[i] for i, rank in enumerate(self.workers)}
+        return {rank: slice(bounds[i], bounds[i + 1]) for i, rank in enumerate(self.workers)}
+
+    @staticmethod
+    def sizes(shards: Dict[int, slice]) -> Dict[int, int]:
+        """Return the number of samples of each worker rank's part."""
+        return {rank: part.stop - part.start for rank, part in shards.items()}
 
     def keep_running_stats(self, mean: torch.Tensor) -> None:
         """Set the model's BatchNorm running statistics to the used workers' mean, `mean`."""

@@ -33,7 +33,7 @@ class PSServer(DataParallelServer):
         self.send_all(self.workers, [vector] * self.n, params_envelope(it))
         result = self.wait(gather, self.needed)
         used = sorted(result.first)
-        sizes = self.shard_sizes(step)
+        sizes = self.sizes(self.shards(step))
         samples = sum(sizes[r] for r in used)
         # Gradients, running statistics and losses alike: the mean over the samples used.
         mean = weighted_sum(result.data, {r: sizes[r] / samples for r in used})

@@ -36,12 +36,10 @@ class StanzaServer(DataParallelServer):
         self.send_all(self.workers, [flat(conv)] * self.n, params_envelope(it))
         arrived = self.wait(features, self.needed)
         used = sorted(arrived.first)
-        sizes = self.shard_sizes(step)
-        bounds = [0]
-        for r in self.workers:
-            bounds.append(bounds[-1] + sizes[r])
+        shards = self.shards(step)
+        sizes = self.sizes(shards)
         labels = self.dataset.train.labels[torch.from_numpy(step.indices)]
-        own = [labels[bounds[r - 1]:bounds[r]] for r in used]  # worker rank r holds shard r - 1
+        own = [labels[shards[r]] for r in used]
 
         x = torch.cat([arrived.data[r] for r in used]).requires_grad_(True)
         self.head_opt.zero_grad(set_to_none=True)
@@ -59,7 +57,8 @@ class StanzaServer(DataParallelServer):
         set_grads(conv, total[:count])
         self.conv_opt.step()
         samples = sum(sizes[r] for r in used)
-        self.keep_running_stats(weighted_sum(replies.data, {r: sizes[r] / samples for r in used})[count:])
+        stats = {r: replies.data[r][count:] for r in used}
+        self.keep_running_stats(weighted_sum(stats, {r: sizes[r] / samples for r in used}))
         return RoundResult(float(loss.detach()), used, [sizes[r] for r in used])
 
 
