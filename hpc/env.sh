@@ -14,7 +14,7 @@
 #                     has CUDA builds (e.g. https://download.pytorch.org/whl/cpu)
 set -euo pipefail
 PSF_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PSF_VENV="${PSF_VENV:-$PSF_ROOT/.venv}"
+export PSF_VENV="${PSF_VENV:-$PSF_ROOT/.venv}"  # exported: hpc/psf-mpirun then runs this environment too
 PSF_BASE_PYTHON="${PSF_BASE_PYTHON:-python3}"
 PSF_MPI="${PSF_MPI:-mpich}"
 PSF_TORCH="${PSF_TORCH:-cpu}"

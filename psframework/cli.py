@@ -7,9 +7,10 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from psframework import __version__
+from psframework import __version__, environment
 from psframework.config import ConfigError, dump_config, load_config
 from psframework.data import DatasetError, dataset_shape
+from psframework.settings import make_settings
 
 EXIT_USAGE = 2
 BENCHMARKS = {
@@ -22,20 +23,12 @@ BENCHMARKS = {
 
 def _world() -> tuple:
     """Return (rank, size, comm) of the MPI job, or (0, 1, None) when MPI is not running."""
-    if "mpi4py" not in sys.modules and not _launched_by_mpi():
+    if "mpi4py" not in sys.modules and not environment.launched_by_mpi():
         return 0, 1, None
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     return comm.Get_rank(), comm.Get_size(), comm
-
-
-def _launched_by_mpi() -> bool:
-    """Return whether an MPI launcher started this process (so MPI must be initialised)."""
-    import os
-
-    markers = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "SLURM_STEP_ID")
-    return any(m in os.environ for m in markers) and "PSF_NO_MPI" not in os.environ
 
 
 def _fail(message: str, rank: int = 0) -> int:
@@ -48,11 +41,8 @@ def _fail(message: str, rank: int = 0) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     rank, size, comm = _world()
     try:
-        cfg = load_config(args.config, args.overrides, world_size=size)
-        from psframework.schemes import get_runner
-
-        runner = get_runner(cfg.scheme)
-    except (ConfigError, DatasetError, NotImplementedError) as exc:
+        settings = make_settings(load_config(args.config, args.overrides), world_size=size)
+    except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
         status = _fail(str(exc), rank)
         if comm is not None:
@@ -60,8 +50,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             MPI.Finalize()
         return status
+    from psframework.schemes import train
+
     try:
-        runner(cfg, comm=comm)
+        train(settings, comm=comm)
     except (ConfigError, DatasetError) as exc:
         # Only this rank may have failed: report it and abort the job so that no rank hangs.
         print(f"psf: error: {exc}", file=sys.stderr, flush=True)
@@ -73,7 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.overrides, world_size=args.world_size)
+        cfg = load_config(args.config, args.overrides)
+        make_settings(cfg, world_size=args.world_size)
     except ConfigError as exc:
         return _fail(str(exc))
     sys.stdout.write(dump_config(cfg))

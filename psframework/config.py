@@ -11,14 +11,8 @@ from typing import Any, List, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
-SCHEMES = ("reference", "ps", "stanza", "sazd", "sazd-naive", "poly", "uncoded")
-MPI_SCHEMES = SCHEMES[1:]
-CODED_SCHEMES = ("sazd", "sazd-naive", "poly", "uncoded")
-DATA_PARALLEL_SCHEMES = ("ps", "stanza")
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
 MODELS = ("lenet5", "vgg-small", "alexnet-small")
-OPTIMIZERS = ("sgd", "adam")
 LINEAR_OPTIMIZERS = ("sgd",)
 
 
@@ -122,7 +116,7 @@ class OutputConfig:
 @dataclass
 class Config:
     name: str = "experiment"
-    scheme: Literal["reference", "ps", "stanza", "sazd", "sazd-naive", "poly", "uncoded"] = "reference"
+    scheme: str = "reference"  # a name in the scheme registry (psframework.schemes.registry)
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -136,11 +130,6 @@ class Config:
     def run_dir(self) -> str:
         """Return the directory that holds this run's outputs."""
         return os.path.join(self.output.dir, self.name)
-
-    @property
-    def is_mpi(self) -> bool:
-        """Return whether the scheme runs under MPI with n workers."""
-        return self.scheme in MPI_SCHEMES
 
     def to_dict(self) -> dict:
         """Return the configuration as plain nested dictionaries."""
@@ -257,13 +246,28 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
-    """Check cross-field constraints; raise ConfigError naming the bad value."""
+def validate(cfg: Config) -> Config:
+    """Check cross-field constraints; raise ConfigError naming the bad value (the world size is checked later,
+    where the config becomes settings: psframework.settings.make_settings)."""
+    from psframework.schemes.registry import get_scheme
+
     _require(cfg.name != "" and "/" not in cfg.name and cfg.name not in (".", ".."),
              f"name: got {cfg.name!r}, expected a non-empty name without '/'")
-    d, t, c, s, m = cfg.data, cfg.train, cfg.code, cfg.stragglers, cfg.model
-    _require(d.batch_size > 0, f"data.batch_size: got {d.batch_size}, expected a positive integer")
-    _require(d.test_batch_size > 0, f"data.test_batch_size: got {d.test_batch_size}, expected a positive integer")
+    scheme = get_scheme(cfg.scheme)
+    _check_train(cfg.train)
+    _check_code(cfg.code)
+    _check_scheme(cfg, scheme)
+    _check_comm(cfg.comm)
+    _check_model(cfg.model)
+    _check_data(cfg.data)
+    if cfg.device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "device: got 'cuda' but torch sees no CUDA device; use cpu or auto")
+    return cfg
+
+
+def _check_train(t: TrainConfig) -> None:
     _require(t.epochs > 0, f"train.epochs: got {t.epochs}, expected a positive integer")
     _require(t.max_iterations is None or t.max_iterations > 0,
              f"train.max_iterations: got {t.max_iterations}, expected a positive integer or null")
@@ -278,46 +282,57 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
              f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
     if t.resume is not None:
         _require(os.path.isfile(t.resume), f"train.resume: checkpoint file {t.resume!r} does not exist")
+    _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
+
+
+def _check_code(c: CodeConfig) -> None:
     _require(c.k >= 1, f"code.k: got {c.k}, expected k >= 1")
     _require(c.n >= 1, f"code.n: got {c.n}, expected n >= 1")
     _require(c.k <= c.n, f"code.k: got k={c.k} > n={c.n}, expected k <= n")
     _require(c.symbol_channels >= 1, f"code.symbol_channels: got {c.symbol_channels}, expected >= 1")
-    if cfg.scheme == "uncoded":
-        _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme uncoded needs k = n")
-    if cfg.scheme in CODED_SCHEMES and cfg.scheme != "sazd-naive":
+
+
+def _check_scheme(cfg: Config, scheme: Any) -> None:
+    """Check the rules that follow from how the scheme works (its registry entry)."""
+    c, t, s = cfg.code, cfg.train, cfg.stragglers
+    if scheme.k_equals_n:
+        _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme {scheme.name} needs k = n")
+    if scheme.linear_conv_optimizer:
         _require(t.optimizer in LINEAR_OPTIMIZERS,
-                 f"train.optimizer: got {t.optimizer!r} for scheme {cfg.scheme}; coded conv layers need a "
+                 f"train.optimizer: got {t.optimizer!r} for scheme {scheme.name}; coded conv layers need a "
                  "linear optimizer (sgd with momentum/nesterov/weight_decay) so that the coded weight "
                  "copies stay consistent")
-    _require(s.factor >= 1.0 or s.model == "none",
-             f"stragglers.factor: got {s.factor}, expected >= 1 (a slowdown factor)")
-    _require(s.count >= 1, f"stragglers.count: got {s.count}, expected >= 1")
-    _require(s.shape > 1.0, f"stragglers.shape: got {s.shape}, expected a Pareto shape > 1")
-    if s.model == "fixed":
-        _require(len(s.ranks) > 0, "stragglers.ranks: model fixed needs at least one worker rank")
-    if cfg.is_mpi:
-        for r in s.ranks:
-            _require(1 <= r <= c.n, f"stragglers.ranks: got rank {r}, expected worker ranks 1..{c.n}")
-        _require(s.count <= c.n, f"stragglers.count: got {s.count}, expected <= n = {c.n}")
-    _require(cfg.comm.timeout_s > 0, f"comm.timeout_s: got {cfg.comm.timeout_s}, expected a positive number")
-    _require(cfg.comm.threads >= 0, f"comm.threads: got {cfg.comm.threads}, expected >= 0 (0 = automatic)")
-    e = cfg.comm.emulate
-    _require(e.bandwidth_gbps is None or e.bandwidth_gbps > 0,
-             f"comm.emulate.bandwidth_gbps: got {e.bandwidth_gbps}, expected a positive number of Gb/s or null (off)")
-    _require(e.latency_us >= 0, f"comm.emulate.latency_us: got {e.latency_us}, expected microseconds >= 0")
-    _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
     if t.backup_workers:
-        _require(cfg.scheme in DATA_PARALLEL_SCHEMES,
-                 f"train.backup_workers: got {t.backup_workers} for scheme {cfg.scheme}; backup workers belong to "
-                 f"the data-parallel schemes ({', '.join(DATA_PARALLEL_SCHEMES)}), coded schemes tolerate n-k "
-                 "stragglers through code.k")
+        _require(scheme.backup_workers,
+                 f"train.backup_workers: got {t.backup_workers} for scheme {scheme.name}; backup workers belong "
+                 "to the data-parallel schemes, coded schemes tolerate n-k stragglers through code.k")
         _require(t.backup_workers < c.n,
                  f"train.backup_workers: got {t.backup_workers} with code.n={c.n}, expected 0 <= backup_workers < n "
                  "(at least one worker's result is needed each round)")
-    if cfg.scheme in DATA_PARALLEL_SCHEMES:
-        _require(d.batch_size >= c.n,
-                 f"data.batch_size: got {d.batch_size} with code.n={c.n} workers, expected at least one sample "
-                 f"per worker (batch_size >= {c.n}); shards differ by at most one sample when n does not divide it")
+    if scheme.shards_batch:
+        _require(cfg.data.batch_size >= c.n,
+                 f"data.batch_size: got {cfg.data.batch_size} with code.n={c.n} workers, expected at least one "
+                 f"sample per worker (batch_size >= {c.n}); shards differ by at most one sample when n does not "
+                 "divide it")
+    if scheme.mpi:
+        for r in s.ranks:
+            _require(1 <= r <= c.n, f"stragglers.ranks: got rank {r}, expected worker ranks 1..{c.n}")
+        _require(s.count <= c.n, f"stragglers.count: got {s.count}, expected <= n = {c.n}")
+    from psframework.settings import straggler_spec
+
+    straggler_spec(cfg)  # the straggler model checks its own parameters
+
+
+def _check_comm(c: CommConfig) -> None:
+    _require(c.timeout_s > 0, f"comm.timeout_s: got {c.timeout_s}, expected a positive number")
+    _require(c.threads >= 0, f"comm.threads: got {c.threads}, expected >= 0 (0 = automatic)")
+    e = c.emulate
+    _require(e.bandwidth_gbps is None or e.bandwidth_gbps > 0,
+             f"comm.emulate.bandwidth_gbps: got {e.bandwidth_gbps}, expected a positive number of Gb/s or null (off)")
+    _require(e.latency_us >= 0, f"comm.emulate.latency_us: got {e.latency_us}, expected microseconds >= 0")
+
+
+def _check_model(m: ModelConfig) -> None:
     if m.channels is not None:
         _require(len(m.channels) > 0 and all(x > 0 for x in m.channels),
                  f"model.channels: got {m.channels}, expected a list of positive channel counts")
@@ -327,6 +342,11 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
         _require(0 <= m.dropout < 1, f"model.dropout: got {m.dropout}, expected 0 <= dropout < 1")
     if m.input_size is not None:
         _require(m.input_size >= 4, f"model.input_size: got {m.input_size}, expected >= 4")
+
+
+def _check_data(d: DataConfig) -> None:
+    _require(d.batch_size > 0, f"data.batch_size: got {d.batch_size}, expected a positive integer")
+    _require(d.test_batch_size > 0, f"data.test_batch_size: got {d.test_batch_size}, expected a positive integer")
     syn = d.synthetic
     for key in ("channels", "height", "width", "classes", "train_size", "test_size"):
         value = getattr(syn, key)
@@ -337,24 +357,11 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> Config:
         _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
     elif d.root is not None:
         _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
-    if cfg.is_mpi and world_size is not None:
-        other = f" or set code.n={world_size - 1}" if world_size > 1 else ""
-        _require(world_size == c.n + 1,
-                 f"world size {world_size} does not fit code.n={c.n}: scheme {cfg.scheme} needs n+1 = "
-                 f"{c.n + 1} ranks (1 server + {c.n} workers); launch with mpiexec -n {c.n + 1}{other}")
-    if cfg.scheme == "reference" and world_size is not None:
-        _require(world_size == 1, f"world size {world_size}: scheme reference runs in one process, not under mpiexec -n {world_size}")
-    if cfg.device == "cuda":
-        import torch
-
-        _require(torch.cuda.is_available(), "device: got 'cuda' but torch sees no CUDA device; use cpu or auto")
-    return cfg
 
 
 # ---------------------------------------------------------------- loading
 
-def load_config(path: Optional[str] = None, overrides: Sequence[str] = (),
-                world_size: Optional[int] = None) -> Config:
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
     """Load a YAML experiment, apply `key=value` overrides and validate it."""
     tree: dict = {}
     if path is not None:
@@ -376,7 +383,7 @@ def load_config(path: Optional[str] = None, overrides: Sequence[str] = (),
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     cfg = _build(Config, tree)
-    return validate(cfg, world_size=world_size)
+    return validate(cfg)
 
 
 def dump_config(cfg: Config) -> str:

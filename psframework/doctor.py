@@ -14,6 +14,7 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from psframework import environment
 from psframework.comm.cuda import SETTINGS
 
 
@@ -45,8 +46,8 @@ def _gpus() -> List[str]:
 
 def collect_rank(comm: Any) -> Dict[str, Any]:
     """Return this rank's host, local rank, thread plan and GPU binding (collective over comm)."""
-    from psframework.comm.binding import plan_gpu_binding
-    from psframework.comm.threads import plan_threads
+    from psframework.runtime.binding import plan_gpu_binding
+    from psframework.runtime.threads import plan_threads
 
     binding = plan_gpu_binding(comm)
     plan = plan_threads(comm)
@@ -54,7 +55,7 @@ def collect_rank(comm: Any) -> Dict[str, Any]:
             "local_rank": binding.local.rank, "local_rank_source": binding.local.source,
             "ranks_per_node": plan.ranks_per_node, "ranks_per_node_source": plan.source,
             "cores_per_node": plan.cores_per_node, "usable_cores": plan.usable_cores, "threads": plan.threads,
-            "visible_gpus": binding.visible_gpus, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "visible_gpus": binding.visible_gpus, "cuda_visible_devices": environment.cuda_visible_devices(),
             "gpu": None if binding.device is None else f"cuda:{binding.device}"}
 
 
@@ -102,8 +103,9 @@ def format_report(info: Dict[str, Any], ranks: Sequence[Dict[str, Any]]) -> str:
         f"  NumPy            {info['numpy']}, Python {info['python']}",
         "",
     ]
-    rows = [[h for h, _ in COLUMNS]] + [["cpu" if r[key] is None else str(r[key]) for _, key in COLUMNS]
-                                         for r in sorted(ranks, key=lambda r: r["rank"])]
+    cells = [["cpu" if r[key] is None else str(r[key]) for _, key in COLUMNS]
+             for r in sorted(ranks, key=lambda r: r["rank"])]
+    rows = [[h for h, _ in COLUMNS]] + cells
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     for row in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from psframework import environment
+
 
 def mpiexec_path() -> str:
     """Return the mpiexec next to this Python (a virtualenv's), else the one on PATH."""
@@ -37,7 +39,7 @@ def mpi_command(n: int, args: Sequence[str], timeout_s: Optional[float] = None,
     """Return (argv, environment) that run `python -m mpi4py ARGS` on n ranks."""
     mpiexec = mpiexec_path()
     argv: List[str] = [mpiexec, "-n", str(n)]
-    full_env: Dict[str, str] = dict(os.environ)
+    full_env: Dict[str, str] = environment.child_environment()
     if is_open_mpi(mpiexec):
         argv.append("--oversubscribe")
         full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -14,6 +14,7 @@ from psframework.models import build_model
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, encode_worker_weights
 from psframework.schemes.coded_layers import layer_codings
 from psframework.schemes.common import conv_optimizer, head_optimizer, make_optimizer
+from psframework.settings import make_settings
 
 
 class LocalExchange:
@@ -52,7 +53,8 @@ def train_both(code, overrides, iterations=12):
     torch.manual_seed(0)
     model = build_model(cfg.model, 3, 10)
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
-    ref_opts = [conv_optimizer(cfg, reference.conv_parameters()), head_optimizer(cfg, reference.head_parameters())]
+    optim = make_settings(cfg).optim
+    ref_opts = [conv_optimizer(optim, reference.conv_parameters()), head_optimizer(optim, reference.head_parameters())]
 
     codings = layer_codings(model, code.k, cfg.code.symbol_channels)
     t = cfg.train
@@ -60,7 +62,7 @@ def train_both(code, overrides, iterations=12):
                            t.lr, t.momentum, t.nesterov, t.weight_decay) for j in range(code.n)]
     bn = [p for b in model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
     post = make_optimizer(bn, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if bn else None
-    server = CodedServer(model, code, codings, [head_optimizer(cfg, model.head_parameters()), post])
+    server = CodedServer(model, code, codings, [head_optimizer(optim, model.head_parameters()), post])
     exchange = LocalExchange(workers, code.k)
     gen = torch.Generator().manual_seed(1)
     size = model.input_size

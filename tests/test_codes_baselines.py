@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,17 +64,11 @@ def test_uncoded_round_trip():
     assert all(isinstance(t, torch.Tensor) and np.array_equal(t.numpy(), b) for t, b in zip(tensors, blocks))
 
 
-@pytest.mark.parametrize("scheme, kind", [("sazd", SAZDCode), ("sazd-naive", SAZDCode), ("poly", PolyCode),
-                                          ("uncoded", UncodedCode)])
-def test_make_code(scheme, kind):
-    config = SimpleNamespace(scheme=scheme, code=SimpleNamespace(n=6, k=4, systematic=False, symbol_channels=2,
-                                                                 nodes="equispaced"))
-    code = make_code(config)
-    assert isinstance(code, kind)
-    if scheme == "uncoded":
-        assert (code.n, code.k) == (6, 6)
-    else:
-        assert (code.n, code.k) == (6, 4)
+@pytest.mark.parametrize("name, kind", [("shift-add", SAZDCode), ("polynomial", PolyCode), ("split", UncodedCode)])
+def test_make_code(name, kind):
+    n, k = 6, 6 if name == "split" else 4
+    code = make_code(name, n, k, systematic=False, nodes="equispaced")
+    assert isinstance(code, kind) and (code.n, code.k) == (n, k)
     if kind is SAZDCode:
         assert code.systematic is False
     if kind is PolyCode:

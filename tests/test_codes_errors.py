@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from fakedevice import InterfaceOnlyArray
 from psframework.codes import (PolyCode, SAZDCode, UncodedCode, choose_symbol_size, from_bits, join_blocks,
                                make_code, plan_layout, split_blocks, to_bits)
 
@@ -75,6 +75,9 @@ def test_mismatched_packets(make):
         code.decode({0: packets[0], 1: torch.from_numpy(packets[1]), 2: packets[2]})
     with pytest.raises(ValueError, match=r"expected a NumPy array, torch tensor or CuPy array, got list"):
         code.decode({0: packets[0], 1: [1.0], 2: packets[2]})
+    bare = InterfaceOnlyArray(packets[0])  # a device array the codes cannot compute on
+    with pytest.raises(ValueError, match=r"expected a NumPy array, torch tensor or CuPy array, got InterfaceOnlyArray"):
+        code.decode({0: bare, 1: packets[1], 2: packets[2]})
 
 
 @pytest.mark.parametrize("make", CODES)
@@ -142,14 +145,11 @@ def test_unsupported_dtypes():
         code.encode([np.array(1.0), np.array(2.0)])
 
 
-def test_make_code_rejects_other_schemes():
-    code = SimpleNamespace(n=4, k=3, systematic=True, symbol_channels=1, nodes="chebyshev")
-    with pytest.raises(ValueError, match=r"scheme 'stanza' has no erasure code: expected one of sazd, "
-                                         r"sazd-naive, poly, uncoded"):
-        make_code(SimpleNamespace(scheme="stanza", code=code))
-    code.symbol_channels = 0
-    with pytest.raises(ValueError, match=r"code.symbol_channels must be an integer >= 1, got 0"):
-        make_code(SimpleNamespace(scheme="sazd", code=code))
+def test_make_code_rejects_unknown_kinds_and_sizes():
+    with pytest.raises(ValueError, match=r"code kind: got 'stanza', expected one of shift-add, polynomial, split"):
+        make_code("stanza", 4, 3)
+    with pytest.raises(ValueError, match=r"split: got k=3 with n=4, expected k = n"):
+        make_code("split", 4, 3)
 
 
 def test_layout_errors():

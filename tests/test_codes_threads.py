@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from psframework.arrays import CupyBackend, backend_of
 from psframework.codes import SAZDCode, get_decode_threads, set_decode_threads
 from psframework.codes import threads as decode_threads
 from psframework.codes import zigzag
-from psframework.codes.xp import CupyBackend, backend_of
 from psframework.codes.zigzag import MIN_STRIPE_SYMBOL_BYTES, plan_stripes
 
 
@@ -207,8 +207,9 @@ def test_default_threads_come_from_the_setting_then_the_environment(clean_settin
     assert get_decode_threads() == 3
 
 
-@pytest.mark.parametrize("raw, message", [("many", "PSF_DECODE_THREADS='many' is not a thread count"),
-                                          ("0", "PSF_DECODE_THREADS must be an integer >= 1, got 0")])
+@pytest.mark.parametrize("raw, message", [
+    ("many", "environment variable PSF_DECODE_THREADS: got 'many', expected an integer >= 1"),
+    ("0", "environment variable PSF_DECODE_THREADS: got '0', expected an integer >= 1")])
 def test_bad_environment_thread_counts_are_rejected(clean_setting, raw, message):
     clean_setting.setenv(decode_threads.ENV_VAR, raw)
     with pytest.raises(ValueError, match=message):

@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 import torch
 
-from fakedevice import FakeDeviceArray
-from psframework.comm import buffers
-from psframework.comm.buffers import (CUDA, HOST, StagingPool, copy_bytes_into, host_empty, recv_buffer, send_buffer,
-                                      tensor_info)
+import fakedevice
+from fakedevice import FakeDeviceArray, InterfaceOnlyArray
+from psframework.arrays import CUDA, HOST
+from psframework.comm.buffers import (StagingPool, TensorInfo, copy_bytes_into, host_empty, recv_buffer,
+                                      send_buffer, tensor_info)
 
 
 @pytest.fixture
 def host_copies(monkeypatch):
-    """Replace the device copies by host memmoves (the fake device memory is host memory)."""
+    """Count the fake backend's device copies (host memmoves: the fake device memory is host memory)."""
     calls = {"to_host": 0, "to_device": 0}
-
-    def to_host(src, host):
-        calls["to_host"] += 1
-        ctypes.memmove(host.ctypes.data, src.__cuda_array_interface__["data"][0], host.nbytes)
-
-    def to_device(host, dst):
-        calls["to_device"] += 1
-        ctypes.memmove(dst.__cuda_array_interface__["data"][0], host.ctypes.data, host.nbytes)
-
-    monkeypatch.setattr(buffers, "_device_to_host", to_host)
-    monkeypatch.setattr(buffers, "_host_to_device", to_device)
+    monkeypatch.setattr(fakedevice, "COPIES", calls)
     return calls
 
 
@@ -57,6 +46,9 @@ def test_strided_and_grad_tensors_are_sent_detached_and_contiguous():
     leaf = torch.ones(3, requires_grad=True)
     wire = send_buffer(leaf, cuda_aware=False, pool=StagingPool())
     assert np.asarray(wire.data).ctypes.data == leaf.data_ptr()
+    lazy = torch.tensor([1 + 2j, 3 - 4j]).conj()  # the conjugation is a bit on the tensor, not yet in memory
+    wire = send_buffer(lazy, cuda_aware=False, pool=StagingPool())
+    assert np.array_equal(np.asarray(wire.data), [1 - 2j, 3 + 4j])
 
 
 def test_received_bytes_land_in_the_tensor():
@@ -73,8 +65,10 @@ def test_receive_buffers_must_be_contiguous_and_writable():
         recv_buffer(torch.zeros(3, 4).t(), cuda_aware=False, pool=StagingPool())
     ro = np.zeros(4)
     ro.flags.writeable = False
-    with pytest.raises(ValueError, match="read-only"):
+    with pytest.raises(ValueError, match="read-only float64 \\(4,\\) array"):
         recv_buffer(ro, cuda_aware=False, pool=StagingPool())
+    with pytest.raises(ValueError, match="non-contiguous float32 \\(4, 2\\) device array"):
+        recv_buffer(FakeDeviceArray(np.zeros((4, 4), np.float32)[:, :2]), cuda_aware=True, pool=StagingPool())
 
 
 def test_numpy_arrays_go_as_they_are():
@@ -86,7 +80,7 @@ def test_numpy_arrays_go_as_they_are():
 
 
 def test_unsupported_objects_and_dtypes_are_rejected():
-    with pytest.raises(ValueError, match="buffer: got list"):
+    with pytest.raises(ValueError, match="array exposing __cuda_array_interface__, got list"):
         tensor_info([1, 2, 3])
     with pytest.raises(ValueError, match="buffer dtype: got"):
         tensor_info(np.zeros(2, dtype="datetime64[s]"))
@@ -100,6 +94,15 @@ def test_device_arrays_go_to_a_cuda_aware_mpi_as_they_are():
     assert recv_buffer(fake, cuda_aware=True, pool=StagingPool()).data is fake
     with pytest.raises(ValueError, match="non-contiguous"):
         send_buffer(FakeDeviceArray(np.zeros((4, 4), np.float32)[:, :2]), cuda_aware=True, pool=StagingPool())
+
+
+def test_any_array_exposing_the_cuda_array_interface_is_a_device_buffer():
+    bare = InterfaceOnlyArray(np.arange(6, dtype=np.int16).reshape(2, 3))
+    assert tensor_info(bare) == TensorInfo("int16", (2, 3), 12, CUDA)
+    assert send_buffer(bare, cuda_aware=True, pool=StagingPool()).data is bare
+    assert recv_buffer(bare, cuda_aware=True, pool=StagingPool()).data is bare
+    with pytest.raises(ValueError, match="read-only int16 \\(2, 3\\) device array"):
+        recv_buffer(InterfaceOnlyArray(bare.host, readonly=True), cuda_aware=True, pool=StagingPool())
 
 
 def test_device_arrays_are_staged_through_host_memory_otherwise(host_copies):
@@ -124,8 +127,8 @@ def test_device_arrays_are_staged_through_host_memory_otherwise(host_copies):
 def test_kept_bytes_are_copied_into_any_buffer(host_copies):
     src = np.arange(6, dtype=np.float32)
     payload = np.frombuffer(src.tobytes(), np.uint8).copy()
-    for out in (torch.zeros(2, 3), np.zeros((3, 2), np.float32)):
-        copy_bytes_into(out, payload)
+    for out in (torch.zeros(2, 3), np.zeros((3, 2), np.float32), torch.zeros(3, 2).t(), np.zeros((2, 3), np.float32).T):
+        copy_bytes_into(out, payload)  # strided buffers too: each value lands where it belongs
         assert np.array_equal(np.asarray(out).reshape(-1), src)
     fake = FakeDeviceArray(np.zeros(6, np.float32))
     copy_bytes_into(fake, payload)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from psframework.comm.emulate import LinkEmulator, link_emulator
+from psframework.runtime.emulate import LinkEmulator, link_emulator
 
 
 def test_transfer_time_is_bytes_over_bandwidth_plus_latency():

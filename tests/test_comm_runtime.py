@@ -8,10 +8,10 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from psframework.comm.binding import local_rank, plan_gpu_binding
 from psframework.comm.cuda import memory_kinds_allow_cuda, parse_cuda_aware, resolve_cuda_aware
-from psframework.comm.threads import (THREAD_VARIABLES, _slurm_tasks_on_node, apply_threads, plan_threads,
-                                      ranks_per_node, usable_cores)
+from psframework.environment import THREAD_VARIABLES, slurm_tasks_on_node
+from psframework.runtime.binding import local_rank, plan_gpu_binding
+from psframework.runtime.threads import apply_threads, plan_threads, ranks_per_node, usable_cores
 
 
 def test_local_rank_prefers_the_mpi_launchers_variables():
@@ -54,11 +54,11 @@ def test_threads_share_the_node_cores_among_its_ranks():
 
 
 def test_slurm_task_lists_are_read_per_node():
-    assert _slurm_tasks_on_node("4(x2),3", 0) == 4
-    assert _slurm_tasks_on_node("4(x2),3", 1) == 4
-    assert _slurm_tasks_on_node("4(x2),3", 2) == 3
-    assert _slurm_tasks_on_node("4(x2),3", 3) is None
-    assert _slurm_tasks_on_node("four", 0) is None
+    assert slurm_tasks_on_node("4(x2),3", 0) == 4
+    assert slurm_tasks_on_node("4(x2),3", 1) == 4
+    assert slurm_tasks_on_node("4(x2),3", 2) == 3
+    assert slurm_tasks_on_node("4(x2),3", 3) is None
+    assert slurm_tasks_on_node("four", 0) is None
     env = {"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "2,5", "SLURM_NODEID": "1"}
     assert ranks_per_node(environ=env) == (5, "SLURM_STEP_TASKS_PER_NODE")
 

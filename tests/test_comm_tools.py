@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+from typing import Dict, List, Tuple
 
 import pytest
 from mpiutil import ROOT, describe, run_mpi
-from psframework.launch import mpiexec_path
+
+from psframework import cli
+from psframework.launch import is_open_mpi, mpiexec_path
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 WRAPPER = os.path.join(ROOT, "hpc", "psf-mpirun")
@@ -58,14 +63,26 @@ def test_bench_comm_writes_its_report(tmp_path):
     assert proc.returncode == 0, describe(proc)
     report = json.loads((out / "comm.json").read_text())
     sizes = [row["bytes"] for row in report["bandwidth"]]
-    assert sizes == [1 << i for i in range(10, 17)]
+    assert sizes == [1 << i for i in range(10, 17)] == report["inputs"]["sizes"]
+    assert report["benchmark"] == "comm" and report["inputs"]["quick"] and report["machine"]["world_size"] == 2
     for row in report["bandwidth"]:
         assert row["pingpong_MBps"] > 0 and row["server_to_worker_MBps"] > 0 and row["worker_to_server_MBps"] > 0
     assert report["first_k"] and report["first_k"][0]["workers"] == 1
-    assert report["acceptance"]["passed"] is None  # no message of 4 MiB in a quick run
     md = (out / "comm.md").read_text()
-    assert "| 64 KiB |" in md and "mpiexec -n 2 python -m mpi4py -m psframework bench comm" in md
-    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
+    assert "| 64 KiB |" in md and "mpiexec -n 2 python -m mpi4py -m psframework bench comm --quick" in md
+    # The default expectations bound messages of 4 MiB and more, which a quick run does not send.
+    assert "## Expectations" in md and "**met**" not in md and "not measured (nothing at `bandwidth[" in md
+    assert sorted(os.listdir(out)) == ["comm.json", "comm.md"]
+
+
+def test_bench_comm_renders_a_report_without_mpi(tmp_path):
+    proc = run_python("-m", "psframework", "bench", "comm", "--render",
+                      os.path.join(ROOT, "docs", "benchmarks", "comm.json"), "--out", str(tmp_path),
+                      "--expectations", "none")
+    assert proc.returncode == 0, describe(proc)
+    md = (tmp_path / "comm.md").read_text()
+    assert md.startswith("# Communication benchmark") and "## Expectations" not in md
+    assert os.listdir(tmp_path) == ["comm.md"]
 
 
 def test_bench_comm_on_one_process_says_how_to_run_it():
@@ -76,18 +93,57 @@ def test_bench_comm_on_one_process_says_how_to_run_it():
     assert "mpiexec -n 2 python -m mpi4py -m psframework bench comm" in lines[0]
 
 
-def test_psf_mpirun_builds_the_mpiexec_and_srun_commands():
+def wrapper_env(**extra: str) -> Dict[str, str]:
+    """Return this environment without Slurm's variables or any interpreter choice, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.pop("PSF_LAUNCHER", None)
-    proc = subprocess.run([WRAPPER, "--dry-run", "-n", "3", "train", "cfg.yaml", "code.n=2"], env=env,
-                          capture_output=True, text=True, timeout=30)
+    for name in ("PSF_LAUNCHER", "PSF_PYTHON", "PSF_VENV", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def fake_venv(path: str) -> str:
+    """Make a virtual environment's bin/ at `path` with this interpreter and mpiexec linked in; return path."""
+    os.makedirs(os.path.join(path, "bin"))
+    os.symlink(sys.executable, os.path.join(path, "bin", "python"))
+    os.symlink(mpiexec_path(), os.path.join(path, "bin", "mpiexec"))
+    return path
+
+
+def dry_run(env: Dict[str, str], *args: str) -> List[str]:
+    """Return the command psf-mpirun --dry-run prints for `args`."""
+    proc = subprocess.run([WRAPPER, "--dry-run", *args], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.split() == [mpiexec_path(), "-n", "3", os.path.join(ROOT, ".venv", "bin", "python"),
-                                   "-m", "mpi4py", "-m", "psframework", "train", "cfg.yaml", "code.n=2"]
-    slurm = dict(env, SLURM_JOB_ID="42", PSF_LAUNCHER="srun")
-    proc = subprocess.run([WRAPPER, "--dry-run", "train", "cfg.yaml"], env=slurm, capture_output=True, text=True,
-                          timeout=30)
-    assert proc.returncode == 0 and proc.stdout.split()[:2] == ["srun", "--mpi=pmix"], describe(proc)
+    return proc.stdout.split()
+
+
+def mpiexec_command(mpiexec: str, python: str, *args: str) -> List[str]:
+    """Return the mpiexec command line psf-mpirun should build on 3 ranks."""
+    extra = ["--oversubscribe"] if is_open_mpi(mpiexec) else []
+    return [mpiexec, "-n", "3", *extra, python, "-m", "mpi4py", "-m", "psframework", *args]
+
+
+def test_psf_mpirun_runs_the_chosen_interpreter_and_its_mpiexec(tmp_path):
+    active = fake_venv(str(tmp_path / "active"))
+    chosen = fake_venv(str(tmp_path / "chosen"))
+    args = ["-n", "3", "train", "cfg.yaml", "code.n=2"]
+    beside = os.path.join(active, "bin", "mpiexec")
+    assert dry_run(wrapper_env(VIRTUAL_ENV=active), *args) == mpiexec_command(
+        beside, os.path.join(active, "bin", "python"), *args[2:])
+    beside = os.path.join(chosen, "bin", "mpiexec")
+    assert dry_run(wrapper_env(VIRTUAL_ENV=active, PSF_VENV=chosen), *args) == mpiexec_command(
+        beside, os.path.join(chosen, "bin", "python"), *args[2:])
+    assert dry_run(wrapper_env(PSF_VENV=chosen, PSF_PYTHON=sys.executable), *args) == mpiexec_command(
+        mpiexec_path(), sys.executable, *args[2:])
+    proc = subprocess.run([WRAPPER, "--dry-run", "-n", "2", "doctor"], env=wrapper_env(PSF_VENV=str(tmp_path)),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "PSF_VENV: got" in proc.stderr, describe(proc)
+
+
+def test_psf_mpirun_builds_the_srun_command_and_checks_its_arguments():
+    env = wrapper_env(PSF_PYTHON=sys.executable)
+    srun = dry_run(dict(env, SLURM_JOB_ID="42", PSF_LAUNCHER="srun"), "train", "cfg.yaml")
+    assert srun[:2] == ["srun", "--mpi=pmix"] and srun[-3:] == ["psframework", "train", "cfg.yaml"]
     proc = subprocess.run([WRAPPER, "train", "cfg.yaml"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "give the number of ranks" in proc.stderr
     proc = subprocess.run([WRAPPER, "-n", "0", "doctor"], env=env, capture_output=True, text=True, timeout=30)
@@ -95,19 +151,101 @@ def test_psf_mpirun_builds_the_mpiexec_and_srun_commands():
 
 
 def test_psf_mpirun_runs_psf_under_mpi():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
+    env = wrapper_env(PSF_PYTHON=sys.executable, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
     proc = subprocess.run([WRAPPER, "-n", "2", "doctor"], env=env, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, describe(proc)
     assert "world size       2" in proc.stdout, describe(proc)
 
 
-@pytest.mark.parametrize("name", ["single-node.sbatch", "multi-node-gpu.sbatch"])
+TEMPLATES = sorted(name for name in os.listdir(os.path.join(ROOT, "jobs")) if name.endswith(".sbatch"))
+# Names that stand for a config without being one: the usage placeholder and a run directory's copy.
+NOT_CONFIGS = {"CONFIG.yaml", "config.yaml"}
+
+
+def read(*parts: str) -> str:
+    """Return the text of a file of the repository."""
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
+
+
+def template_world_size(text: str) -> int:
+    """Return the ranks an sbatch template asks for: --ntasks, or --nodes times --ntasks-per-node."""
+    options = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
+    if "ntasks" in options:
+        return int(options["ntasks"])
+    return int(options.get("nodes", 1)) * int(options["ntasks-per-node"])
+
+
+def example_runs() -> List[Tuple[str, List[str]]]:
+    """Return (template, psf train arguments) of every `sbatch jobs/NAME ARGS` example in the templates and README."""
+    texts = [read("jobs", name) for name in TEMPLATES] + [read("README.md")]
+    found = re.findall(r"^[#\s]*sbatch jobs/(\S+\.sbatch) +([^#\n]+)", "\n".join(texts), re.M)
+    unique = dict.fromkeys((name, args.strip()) for name, args in found if not args.startswith("CONFIG"))
+    return [(name, shlex.split(args)) for name, args in unique]
+
+
+EXAMPLES = [pytest.param(name, args, id=" ".join([name, *args])) for name, args in example_runs()]
+
+
+def psf_command_lines(text: str) -> List[List[str]]:
+    """Return the psf arguments of every psframework command line in a template, comments included."""
+    lines = re.findall(r"(?:-m psframework|psf-mpirun)\s+(.*)$", text, re.M)
+    commands = []
+    for line in lines:
+        words = shlex.split(line)
+        if words[:1] == ["-n"]:  # psf-mpirun's rank count
+            words = words[2:]
+        commands.append(words)
+    return commands
+
+
+def runnable_here(overrides: List[str], data_root: str) -> List[str]:
+    """Return the overrides with a site's data.root made local, and device=cuda dropped without a GPU."""
+    import torch
+
+    local = [o for o in overrides if not o.startswith("data.root=")] + [f"data.root={data_root}"]
+    if not torch.cuda.is_available():
+        local = [o for o in local if o != "device=cuda"]
+    return local
+
+
+def test_every_config_the_templates_and_readme_name_exists():
+    files = [os.path.join("jobs", name) for name in TEMPLATES] + ["README.md", "hpc/psf-mpirun", "hpc/quickstart.sh"]
+    missing = []
+    for path in files:
+        for name in set(re.findall(r"[\w./-]+\.ya?ml\b", read(path))) - NOT_CONFIGS:
+            where = name if name.startswith("configs/") else os.path.join("configs", name)
+            if not os.path.isfile(os.path.join(ROOT, where)):
+                missing.append(f"{path}: {name}")
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_sbatch_templates_launch_psf_train_through_mpi4py(name):
     path = os.path.join(ROOT, "jobs", name)
-    text = open(path).read()
+    text = read("jobs", name)
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks" in text
     assert 'srun --mpi=pmix --cpu-bind=cores python -m mpi4py -m psframework train "$@"' in text
     assert subprocess.run(["bash", "-n", path], capture_output=True, timeout=30).returncode == 0
     proc = subprocess.run(["bash", path], capture_output=True, text=True, timeout=30)  # no config given
     assert proc.returncode == 2 and "usage: sbatch jobs/" in proc.stderr
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_sbatch_template_command_lines_parse(name):
+    examples = [args for template, args in example_runs() if template == name]
+    assert examples, f"jobs/{name} has no `sbatch jobs/{name} CONFIG ...` example"
+    commands = psf_command_lines(read("jobs", name))
+    assert commands and any(words[:1] == ["train"] for words in commands)
+    for words in commands:
+        args = [a for w in words for a in (examples[0] if w == "$@" else [w])]
+        parsed = cli.build_parser().parse_args(args)  # argparse exits with status 2 on a bad line
+        assert parsed.command == args[0]
+
+
+@pytest.mark.parametrize("template, args", EXAMPLES)
+def test_sbatch_examples_check_against_the_templates_world_size(template, args, tmp_path, capsys):
+    size = template_world_size(read("jobs", template))
+    config, overrides = args[0], runnable_here(args[1:], str(tmp_path))
+    status = cli.main(["check", config, *overrides, "--world-size", str(size)])
+    assert status == 0, capsys.readouterr().err

@@ -9,6 +9,8 @@ import pytest
 
 from psframework.cli import main
 from psframework.config import Config, ConfigError, dump_config, load_config
+from psframework.schemes.registry import get_scheme
+from psframework.settings import make_settings
 
 
 def write(tmp_path, text: str) -> str:
@@ -27,8 +29,7 @@ def test_defaults_and_shipped_configs_validate(configs_dir, tmp_path):
         with pytest.raises(ConfigError, match="data.root") if "mnist" in name or "cifar" in name else nullcontext():
             load_config(os.path.join(configs_dir, name))
         cfg = load_config(os.path.join(configs_dir, name), [f"data.root={tmp_path}"])
-        if cfg.is_mpi:
-            load_config(os.path.join(configs_dir, name), [f"data.root={tmp_path}"], world_size=cfg.code.n + 1)
+        make_settings(cfg, world_size=get_scheme(cfg.scheme).world_size(cfg.code.n))
 
 
 def test_overrides_are_typed_and_nested(tmp_path):
@@ -67,7 +68,7 @@ BAD = [
     (["train.nesterov=true", "train.momentum=0"], "nesterov: true needs train.momentum > 0"),
     (["scheme=sazd", "train.optimizer=adam"], "linear optimizer"),
     (["scheme=uncoded", "code.n=4", "code.k=3"], "scheme uncoded needs k = n"),
-    (["stragglers.model=fixed"], "model fixed needs at least one worker rank"),
+    (["stragglers.model=fixed"], "stragglers.ranks: got none, expected at least one worker rank for model fixed"),
     (["scheme=sazd", "stragglers.ranks=[9]"], "got rank 9, expected worker ranks 1..4"),
     (["stragglers.ranks=3"], "stragglers.ranks: got 3, expected a list"),
     (["train.nesterov=maybe"], "train.nesterov: got 'maybe', expected true or false"),
@@ -80,7 +81,8 @@ BAD = [
     (["data=3"], "data: got 3, expected a mapping"),
     (["train.head_optimizer=rmsprop"], "train.head_optimizer: got 'rmsprop'"),
     (["scheme=stanza", "train.head_optimzer=adam"], "did you mean 'train.head_optimizer'"),
-    (["scheme=ps", "train.backup_workers=4"], "train.backup_workers: got 4 with code.n=4, expected 0 <= backup_workers < n"),
+    (["scheme=ps", "train.backup_workers=4"],
+     "train.backup_workers: got 4 with code.n=4, expected 0 <= backup_workers < n"),
     (["scheme=stanza", "train.backup_workers=-1"], "train.backup_workers: got -1, expected >= 0"),
     (["scheme=sazd", "train.backup_workers=1"], "backup workers belong to the data-parallel schemes"),
     (["scheme=ps", "data.batch_size=3"], "data.batch_size: got 3 with code.n=4 workers"),
@@ -101,13 +103,13 @@ def test_bad_inputs_give_clear_errors(overrides, message):
 
 def test_world_size_must_be_n_plus_one():
     with pytest.raises(ConfigError, match=r"world size 4 does not fit code.n=4.*mpiexec -n 5"):
-        load_config(None, ["scheme=sazd"], world_size=4)
-    assert load_config(None, ["scheme=sazd"], world_size=5).code.n == 4
+        make_settings(load_config(None, ["scheme=sazd"]), world_size=4)
+    assert make_settings(load_config(None, ["scheme=sazd"]), world_size=5).code.n == 4
     with pytest.raises(ConfigError, match="scheme reference runs in one process"):
-        load_config(None, [], world_size=3)
+        make_settings(load_config(None, []), world_size=3)
     # Started without mpiexec: the only advice is how to launch (no code.n=0 suggestion).
     with pytest.raises(ConfigError, match=r"scheme stanza needs n\+1 = 5 ranks .*launch with mpiexec -n 5$"):
-        load_config(None, ["scheme=stanza"], world_size=1)
+        make_settings(load_config(None, ["scheme=stanza"]), world_size=1)
 
 
 def test_bad_files(tmp_path):

@@ -61,3 +61,22 @@ def test_batch_larger_than_dataset_is_a_clear_error(tmp_path, configs_dir, capsy
     config = os.path.join(configs_dir, "digits_reference.yaml")
     assert main(["train", config, "data.batch_size=5000", f"output.dir={tmp_path}"]) == 2
     assert "larger than the 1438 training samples" in capsys.readouterr().err
+
+
+def test_resume_from_a_checkpoint_gives_the_uninterrupted_losses(tmp_path, configs_dir):
+    config = os.path.join(configs_dir, "digits_reference.yaml")
+    common = [config, "train.checkpoint_every=20", "train.max_iterations=40", f"output.dir={tmp_path}",
+              "output.progress=off"]
+    assert main(["train", *common, "name=whole"]) == 0
+    checkpoint = tmp_path / "whole" / "checkpoint-20.pt"
+    assert checkpoint.is_file() and (tmp_path / "whole" / "checkpoint.pt").is_file()
+    assert main(["train", *common, "name=resumed", f"train.resume={checkpoint}"]) == 0
+
+    def losses(name):
+        return {row["iteration"]: row["loss"] for row in map(json.loads, (tmp_path / name / "metrics.jsonl").open())}
+
+    whole, resumed = losses("whole"), losses("resumed")
+    assert sorted(resumed) == list(range(21, 41))
+    assert [resumed[i] for i in range(21, 41)] == [whole[i] for i in range(21, 41)]
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["start_iteration"] == 20 and summary["iterations"] == 40

@@ -141,14 +141,31 @@ def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
 ], ids=["ps", "stanza", "stanza-bn-uneven", "sazd-direct", "sazd-relay"])
 def test_measured_bytes_match_the_analytic_count(tmp_path, overrides):
     from psframework.config import load_config
-    from psframework.schemes import coded, ps, stanza
-    from psframework.schemes.common import build_problem
+    from psframework.schemes import get_scheme
+    from psframework.schemes.common import model_skeleton
+    from psframework.settings import make_settings
 
     run_dir = train(tmp_path, "train.max_iterations=4", *overrides)
-    cfg = load_config(CONFIG, overrides)
-    _, model = build_problem(cfg)
-    count = {"ps": ps.expected_server_bytes, "stanza": stanza.expected_server_bytes}.get(
-        cfg.scheme, coded.expected_server_bytes)
-    sent, received = count(cfg, model)
+    settings = make_settings(load_config(CONFIG, overrides))
+    sent, received = get_scheme(settings.run.scheme).expected_server_bytes(settings, model_skeleton(settings))
     for row in rows(run_dir)[1:]:
         assert (row["bytes_sent"], row["bytes_received"]) == (sent, received)
+
+
+# A scheme added from outside the package (tests/mpi/toy_scheme.py, the README's "Adding a scheme"):
+# it registers itself and trains through the same driver and round layer as the built-in schemes.
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_scheme_registered_from_outside_matches_the_reference(tmp_path):
+    common = [CONFIG, "train.max_iterations=20", "output.progress=off", f"output.dir={tmp_path}",
+              "model.dropout=0", "train.checkpoint_every=10"]
+    assert main(["train", *common, "scheme=reference", "name=ref"]) == 0
+    proc = run_mpi(3, "toy_scheme.py", "train", *common, "scheme=toy-average", "code.n=2", "code.k=2", "name=toy",
+                   timeout=240)
+    assert proc.returncode == 0, describe(proc)
+    ref, toy = rows(tmp_path / "ref"), rows(tmp_path / "toy")
+    assert len(toy) == 20 and max(abs(a["loss"] - b["loss"]) for a, b in zip(ref, toy)) < 1e-4
+    summary = json.loads((tmp_path / "toy" / "summary.json").read_text())
+    assert summary["scheme"] == "toy-average" and summary["world_size"] == 3 and summary["n"] == 2
+    assert (tmp_path / "toy" / "checkpoint-10.pt").is_file()
+    assert set(summary["workers"]) == {"1", "2"} and all(w["replies_sent"] == 20 for w in summary["workers"].values())

@@ -6,13 +6,12 @@ schedule compilation and cached decoding of an 8 MiB float32 block set, next to 
 reference of summing the same k packets with NumPy, measured in the same run (medians of repeats).
 SAZD decodes with --threads decode threads and Poly with as many BLAS threads, so the comparison
 is like for like; a thread table shows what the decode threads gain on 1, 2 and 4 times the block
-set. Writes codec.md and codec.json (atomically) to --out.
+set. Writes codec.json and the codec.md rendered from it (atomically) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import os
 import platform
@@ -20,19 +19,22 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from psframework import environment
+from psframework.bench import expectations as expect
+from psframework.bench import report as rep
 from psframework.bench.machine import cpu_model
 from psframework.codes import PolyCode, SAZDCode, get_decode_threads, measure_decode_error
 from psframework.codes.threads import check_threads
 from psframework.codes.zigzag import MIN_STRIPE_SYMBOL_BYTES, plan_stripes
-from psframework.fileio import atomic_write_json, atomic_write_text
 
 PAIRS = [(4, 3), (6, 4), (8, 6), (12, 8), (16, 12), (20, 16)]
 SYMBOLS = [8, 16, 32, 64]
-SPEED_SYMBOLS = 16  # the block length the acceptance figures are stated at
+SPEED_SYMBOLS = 16  # the block length of the speed tables
+SYMBOL_WIDTH = 64  # values per symbol in the accuracy table
 CODES: List[Tuple[str, Callable[[int, int], Any]]] = [
     ("SAZD", lambda n, k: SAZDCode(n, k)),
     ("Poly chebyshev", lambda n, k: PolyCode(n, k, "chebyshev")),
@@ -41,15 +43,14 @@ CODES: List[Tuple[str, Callable[[int, int], Any]]] = [
 ]
 DROP_PATTERNS_TIMED = 4  # slowest-looking drop patterns (most symbol operations) timed for the worst case
 THREAD_TABLE_SCALES = (1, 2, 4)  # block set sizes of the decode thread table, in multiples of --mib
-COMMAND = "psf bench codec"
+PROG = "psf bench codec"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the benchmark's argument parser."""
-    parser = argparse.ArgumentParser(prog="psf bench codec", description="SAZD codec accuracy and speed next to "
+    parser = argparse.ArgumentParser(prog=PROG, description="SAZD codec accuracy and speed next to "
                                      "polynomial codes and a NumPy k-packet sum")
-    parser.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for codec.md and "
-                        "codec.json (default docs/benchmarks)")
+    rep.add_report_options(parser, "codec")
     parser.add_argument("--quick", action="store_true", help="sampled accuracy, 1 MiB speed runs, few repeats: "
                         "a smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions per figure, median kept "
@@ -114,13 +115,24 @@ def accuracy_table(pairs: Sequence[Tuple[int, int]], limit: int, seed: int) -> L
             code = make(n, k)
             for symbols in SYMBOLS:
                 start = time.perf_counter()
-                report = measure_decode_error(code, symbols, dtype=np.float32, limit=limit, seed=seed)
+                report = measure_decode_error(code, symbols, dtype=np.float32, width=SYMBOL_WIDTH, limit=limit,
+                                              seed=seed)
                 rows.append({"code": name, "n": n, "k": k, "L": symbols, "worst_rel_error": report.worst,
                              "worst_packets": list(report.worst_packets), "arrival_sets": report.arrival_sets,
                              "exhaustive": report.exhaustive, "seconds": time.perf_counter() - start})
                 print(f"accuracy {name:16s} ({n},{k}) L={symbols:2d}: {report.worst:.3g} over "
                       f"{report.arrival_sets} sets{'' if report.exhaustive else ' (sampled)'}", flush=True)
+    add_error_ratios(rows)
     return rows
+
+
+def add_error_ratios(rows: List[Dict[str, Any]]) -> None:
+    """Give every other code's row its error over SAZD's in the same (n, k, L) cell."""
+    sazd = {(r["n"], r["k"], r["L"]): r["worst_rel_error"] for r in rows if r["code"] == "SAZD"}
+    for row in rows:
+        reference = sazd.get((row["n"], row["k"], row["L"]))
+        if row["code"] != "SAZD" and reference:
+            row["error_over_sazd"] = row["worst_rel_error"] / reference
 
 
 def drop_patterns(code: SAZDCode, symbols: int, seed: int) -> Tuple[Tuple[int, ...], List[Tuple[int, ...]]]:
@@ -140,28 +152,27 @@ def drop_patterns(code: SAZDCode, symbols: int, seed: int) -> Tuple[Tuple[int, .
     return first, ranked[:DROP_PATTERNS_TIMED]
 
 
-def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int, threads: int = 1) -> Dict[str, Any]:
-    """Return encode, compile and decode times of SAZD and Poly for one (n, k), with the NumPy references.
-
-    SAZD decodes with `threads` decode threads; Poly gets whatever BLAS threads the caller set.
-    """
-    import torch
-
-    sazd, poly = SAZDCode(n, k), PolyCode(n, k, "chebyshev")
-    width = max(1, int(round(mib * (1 << 20) / 4 / k / symbols)))
-    rng = np.random.default_rng(seed)
-    blocks = [rng.standard_normal((symbols, width)).astype(np.float32) for _ in range(k)]
-    packets = sazd.encode(blocks)
-    tensors = [torch.from_numpy(p) for p in packets]  # zero-copy views, for the torch (CPU) figures
-    poly_packets = poly.encode(blocks)
-    first_drop, expensive = drop_patterns(sazd, symbols, seed)
+def arrival_cases(sazd: SAZDCode, symbols: int, seed: int) -> Dict[str, Tuple[int, ...]]:
+    """Return the arrival sets to time by label: all systematic, one dropped, n-k dropped, the costliest."""
+    n, k = sazd.n, sazd.k
     cases = {"all systematic": tuple(range(k))}
     if n > k:
+        first_drop, expensive = drop_patterns(sazd, symbols, seed)
         cases["1 systematic dropped"] = tuple(j for j in range(k + 1) if j != 0)
         cases[f"first {n - k} systematic dropped"] = first_drop
         for rank, used in enumerate(expensive):
             cases[f"costly set {rank + 1}"] = used
-    poly_used = first_drop if n > k else tuple(range(k))
+    return cases
+
+
+def time_codecs(sazd: SAZDCode, poly: PolyCode, blocks: List[np.ndarray], cases: Dict[str, Tuple[int, ...]],
+                poly_used: Tuple[int, ...], repeats: int, threads: int) -> Dict[str, Timing]:
+    """Time encoding, Poly decoding and SAZD decoding of every arrival set next to its NumPy k-packet sum."""
+    import torch
+
+    k, (symbols, width) = sazd.k, blocks[0].shape
+    packets = sazd.encode(blocks)
+    poly_packets = poly.encode(blocks)
     poly_given = {j: poly_packets[j] for j in poly_used}
     fns: Dict[str, Callable[[], Any]] = {
         "sazd_encode": lambda: sazd.encode(blocks), "poly_encode": lambda: poly.encode(blocks),
@@ -175,45 +186,65 @@ def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int,
     timings = interleaved_times(fns, repeats)
     # torch afterwards and on its own: its worker threads keep spinning after each op, which would slow
     # the NumPy figures interleaved with it on a machine with few cores.
+    tensors = [torch.from_numpy(p) for p in packets]  # zero-copy views, for the torch (CPU) figures
     torch_fns: Dict[str, Callable[[], Any]] = {}
     for label, used in cases.items():
         if label.startswith("first") or label == "all systematic":
             torch_given = {j: tensors[j] for j in used}
-            torch_fns["torch decode " + label] = lambda torch_given=torch_given: sazd.decode(torch_given,
-                                                                                           threads=threads)
+            torch_fns["torch decode " + label] = lambda given=torch_given: sazd.decode(given, threads=threads)
     timings.update(interleaved_times(torch_fns, repeats))
-    medians = {name: t.median for name, t in timings.items()}
-    minima = {name: t.minimum for name, t in timings.items()}
-    row: Dict[str, Any] = {"n": n, "k": k, "L": symbols, "block_set_MiB": 4 * k * symbols * width / (1 << 20),
-                           "decode_stripes": len(plan_stripes(1, width, 4, threads)),
-                           "packet_symbols": symbols + sazd.padding, "sazd_encode_s": medians["sazd_encode"],
-                           "poly_encode_s": medians["poly_encode"], "poly_decode_s": medians["poly_decode"],
-                           "poly_decode_min_s": minima["poly_decode"],
-                           "poly_decode_packets": list(poly_used), "numpy_sum_blocks_s": medians["numpy_sum_blocks"]}
+    return timings
+
+
+def decode_figures(sazd: SAZDCode, cases: Dict[str, Tuple[int, ...]], symbols: int, timings: Dict[str, Timing],
+                   repeats: int) -> Dict[str, Dict[str, Any]]:
+    """Return the schedule sizes and decode times of every arrival set, keeping only the slowest costly set."""
+    poly_decode = timings["poly_decode"].median
     decode: Dict[str, Any] = {}
     for label, used in cases.items():
         schedule = sazd.schedule(used, symbols)
-        decode[label] = {
+        case = decode[label] = {
             "packets": list(used), "operations": len(schedule.ops), "symbol_operations": schedule.symbol_ops,
             "rounds": schedule.rounds,
-            "compile_s": median_time(lambda: sazd.schedule(used, symbols, cache=False),
-                                     max(3, repeats // 4)),
-            "decode_s": medians["decode " + label], "numpy_sum_s": medians["sum " + label],
-            "decode_min_s": minima["decode " + label], "numpy_sum_min_s": minima["sum " + label],
-            "decode_reused_out_s": medians["reuse " + label]}
-        decode[label]["ratio_to_numpy_sum"] = decode[label]["decode_s"] / decode[label]["numpy_sum_s"]
-        decode[label]["reused_out_ratio_to_numpy_sum"] = (decode[label]["decode_reused_out_s"]
-                                                          / decode[label]["numpy_sum_s"])
-        if "torch decode " + label in medians:
-            decode[label]["torch_decode_s"] = medians["torch decode " + label]
+            "compile_s": median_time(lambda: sazd.schedule(used, symbols, cache=False), max(3, repeats // 4)),
+            "decode_s": timings["decode " + label].median, "numpy_sum_s": timings["sum " + label].median,
+            "decode_min_s": timings["decode " + label].minimum, "numpy_sum_min_s": timings["sum " + label].minimum,
+            "decode_reused_out_s": timings["reuse " + label].median}
+        case["ratio_to_numpy_sum"] = case["decode_s"] / case["numpy_sum_s"]
+        case["reused_out_ratio_to_numpy_sum"] = case["decode_reused_out_s"] / case["numpy_sum_s"]
+        case["poly_over_sazd_decode"] = poly_decode / case["decode_s"]
+        if "torch decode " + label in timings:
+            case["torch_decode_s"] = timings["torch decode " + label].median
     costly = [label for label in decode if label.startswith("costly")]
     if costly:  # keep the slowest of the costly sets as the worst case
         worst = max(costly, key=lambda label: decode[label]["ratio_to_numpy_sum"])
-        decode[f"worst of {n - k} systematic dropped"] = decode[worst]
+        decode[f"worst of {sazd.n - sazd.k} systematic dropped"] = decode[worst]
         for label in costly:
             del decode[label]
-    row["sazd_decode"] = decode
-    slowest = max(decode.values(), key=lambda c: c["decode_s"])
+    return decode
+
+
+def speed_row(n: int, k: int, symbols: int, mib: float, repeats: int, seed: int, threads: int = 1) -> Dict[str, Any]:
+    """Return encode, compile and decode times of SAZD and Poly for one (n, k), with the NumPy references.
+
+    SAZD decodes with `threads` decode threads; Poly gets whatever BLAS threads the caller set.
+    """
+    sazd, poly = SAZDCode(n, k), PolyCode(n, k, "chebyshev")
+    width = max(1, int(round(mib * (1 << 20) / 4 / k / symbols)))
+    rng = np.random.default_rng(seed)
+    blocks = [rng.standard_normal((symbols, width)).astype(np.float32) for _ in range(k)]
+    cases = arrival_cases(sazd, symbols, seed)
+    poly_used = cases.get(f"first {n - k} systematic dropped", tuple(range(k)))
+    timings = time_codecs(sazd, poly, blocks, cases, poly_used, repeats, threads)
+    row: Dict[str, Any] = {"n": n, "k": k, "L": symbols, "block_set_MiB": 4 * k * symbols * width / (1 << 20),
+                           "decode_stripes": len(plan_stripes(1, width, 4, threads)),
+                           "packet_symbols": symbols + sazd.padding, "sazd_encode_s": timings["sazd_encode"].median,
+                           "poly_encode_s": timings["poly_encode"].median,
+                           "poly_decode_s": timings["poly_decode"].median,
+                           "poly_decode_min_s": timings["poly_decode"].minimum, "poly_decode_packets": list(poly_used),
+                           "numpy_sum_blocks_s": timings["numpy_sum_blocks"].median,
+                           "sazd_decode": decode_figures(sazd, cases, symbols, timings, repeats)}
+    slowest = max(row["sazd_decode"].values(), key=lambda c: c["decode_s"])
     print(f"speed ({n},{k}) L={symbols}: encode {row['sazd_encode_s'] * 1e3:.2f} ms, slowest decode "
           f"{slowest['decode_s'] * 1e3:.2f} ms = {slowest['ratio_to_numpy_sum']:.2f}x the k-packet sum, poly decode "
           f"{row['poly_decode_s'] * 1e3:.2f} ms", flush=True)
@@ -264,96 +295,65 @@ def machine_info(threads: int) -> Dict[str, Any]:
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "numpy": np.__version__,
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "decode_threads": threads,
-            "blas_threads": threads, "blas": blas_info(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def acceptance(accuracy: List[Dict[str, Any]], speed: List[Dict[str, Any]],
-               threads: int = 1) -> List[Dict[str, Any]]:
-    """Return the acceptance checks that the measured pairs allow, each with its figures and verdict.
-
-    `threads`: the decode threads of SAZD and BLAS threads of Poly in the speed table, named in the checks.
-    """
-    checks = []
-    cell = {(r["code"], r["n"], r["k"], r["L"]): r for r in accuracy}
-    sazd, cheb = cell.get(("SAZD", 20, 16, 16)), cell.get(("Poly chebyshev", 20, 16, 16))
-    if sazd:
-        checks.append({"criterion": "SAZD worst-case float32 error <= 2e-5 at (20,16), L=16",
-                       "value": sazd["worst_rel_error"], "passed": sazd["worst_rel_error"] <= 2e-5})
-    if sazd and cheb:
-        ratio = cheb["worst_rel_error"] / sazd["worst_rel_error"]
-        checks.append({"criterion": "SAZD error >= 1000x smaller than Poly (chebyshev) at (20,16), L=16",
-                       "value": ratio, "passed": ratio >= 1000})
-    for row in speed:
-        if (row["n"], row["k"]) == (12, 8):
-            for label, case in row["sazd_decode"].items():
-                checks.append({"criterion": f"cached SAZD decode at (12,8) <= 2x the k-packet NumPy sum ({label})",
-                               "value": case["ratio_to_numpy_sum"], "passed": case["ratio_to_numpy_sum"] <= 2.0})
-                ratio = case["reused_out_ratio_to_numpy_sum"]
-                checks.append({"criterion": f"cached SAZD decode into a reused output at (12,8) <= 2x the k-packet "
-                               f"NumPy sum ({label})", "value": ratio, "passed": ratio <= 2.0})
-        if row["k"] >= 8:
-            pair = f"({row['n']},{row['k']})"
-            for label, case in row["sazd_decode"].items():
-                checks.append({"criterion": f"SAZD decode faster than Poly decode at {pair} ({label}; {threads} "
-                               f"thread{'s' if threads > 1 else ''} each; value: Poly time / SAZD time)",
-                               "value": row["poly_decode_s"] / case["decode_s"],
-                               "passed": case["decode_s"] < row["poly_decode_s"]})
-    return checks
+            "openblas_coretype": environment.get("OPENBLAS_CORETYPE"), "decode_threads": threads,
+            "blas_threads": threads, "blas": blas_info()}
 
 
 def _ms(seconds: float) -> str:
+    """Return seconds as milliseconds with three decimals."""
     return f"{seconds * 1e3:.3f}"
 
 
-def render_markdown(report: Dict[str, Any]) -> str:
-    """Return the benchmark report as Markdown."""
-    m = report["machine"]
-    lines = ["# Codec benchmark", "",
-             "SAZD (shift-and-addition coding, compiled zigzag decoding) next to real polynomial codes and a plain "
-             "NumPy sum. All data float32, drawn from a standard normal distribution.", "",
-             "## Machine", "",
-             f"- CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
-             f"- NumPy {m['numpy']}, torch {m['torch']}, Python {m['python']}"
-             + (f", OPENBLAS_CORETYPE={m['openblas_coretype']}" if m["openblas_coretype"] else ""),
-             f"- threads: SAZD decodes with up to {m['decode_threads']} decode threads (a block set is split "
-             f"into stripes only where each gets at least {MIN_STRIPE_SYMBOL_BYTES // 1024} KiB of every symbol); "
-             f"Poly decodes with {m['blas_threads']} BLAS threads ({m['blas']['library']} {m['blas']['version']}, "
-             f"{m['blas']['default_threads']} by default)",
-             f"- measured {m['date']}; {report['repeats']} timed repeats per speed figure (median), "
-             f"accuracy over at most {report['limit']} arrival sets per cell (seed {report['seed']})", "",
-             "Rerun with:", "", "```", report["command"], "```", "",
-             "## Accuracy: worst relative max error over arrival sets", "",
+def _in_order(values: Sequence[Any]) -> List[Any]:
+    """Return the distinct values in the order they first appear."""
+    return list(dict.fromkeys(values))
+
+
+def _accuracy_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the accuracy table: one row per (n, k) and L, one column per code."""
+    rows = report["accuracy"]
+    codes = _in_order([r["code"] for r in rows])
+    cell = {(r["code"], r["n"], r["k"], r["L"]): r for r in rows}
+    width = report["inputs"].get("symbol_width")
+    lines = ["## Accuracy: worst relative max error over arrival sets", "",
              "max |decoded - original| / max |original| over all k blocks, worst over every choice of k packets "
-             "(cells marked * use a seeded sample of that many choices). Blocks of L symbols, 64 values each.", ""]
-    codes = [name for name, _ in CODES]
-    pairs = sorted({(r["n"], r["k"]) for r in report["accuracy"]}, key=lambda p: (p[0], p[1]))
-    cell = {(r["code"], r["n"], r["k"], r["L"]): r for r in report["accuracy"]}
-    lines += ["| (n,k) | L | sets | " + " | ".join(codes) + " |", "|---|---:|---:|" + "---:|" * len(codes)]
-    for n, k in pairs:
-        for symbols in SYMBOLS:
-            first = cell[(codes[0], n, k, symbols)]
-            sets = f"{first['arrival_sets']}" + ("" if first["exhaustive"] else "*")
-            values = " | ".join(f"{cell[(c, n, k, symbols)]['worst_rel_error']:.2g}" for c in codes)
-            lines.append(f"| ({n},{k}) | {symbols} | {sets} | {values} |")
-    lines += ["", "The SAZD error grows with L, so `psframework.codes.choose_symbol_size` groups channels into "
-              "symbols to keep L within a budget; polynomial decoding is limited by the conditioning of the real "
-              "Vandermonde system instead, whatever L.", "",
-              "## Speed", "",
-              f"A block set of about {report['speed'][0]['block_set_MiB']:.2f} MiB of float32 ({SPEED_SYMBOLS} "
-              "symbols per block, axis 0), times in milliseconds, medians; SAZD with up to "
-              f"{m['decode_threads']} decode threads, Poly with {m['blas_threads']} BLAS threads. SAZD packets are "
-              "L + padding symbols long. *k-packet sum*: NumPy adding the same k packets the decoder used into a "
-              "fresh array, measured in the same run. Compile: working out the zigzag schedule of one "
-              "arrival set, done once per arrival set and cached; the decode figures are cached decodes into a "
-              "fresh output (allocating it costs page faults), and, where marked, into an output array reused "
-              "from call to call "
-              "(`decode(..., out=...)`). The machine is a virtual machine shared with other work: figures move "
-              "by tens of percent between runs, the minimum shows the best case.", "",
-              "| (n,k) | packet symbols | SAZD encode | Poly encode | Poly decode (min) | k-block sum |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for row in report["speed"]:
+             "(cells marked * use a seeded sample of that many choices). Blocks of L symbols"
+             + (f", {width} values each." if width else "."), "",
+             "| (n,k) | L | sets | " + " | ".join(codes) + " |", "|---|---:|---:|" + "---:|" * len(codes)]
+    for n, k, symbols in _in_order([(r["n"], r["k"], r["L"]) for r in rows]):
+        first = next(cell[(c, n, k, symbols)] for c in codes if (c, n, k, symbols) in cell)
+        sets = f"{first['arrival_sets']}" + ("" if first["exhaustive"] else "*")
+        values = " | ".join(f"{cell[(c, n, k, symbols)]['worst_rel_error']:.2g}" if (c, n, k, symbols) in cell
+                            else "" for c in codes)
+        lines.append(f"| ({n},{k}) | {symbols} | {sets} | {values} |")
+    return lines + ["", "The SAZD error grows with L, so `psframework.codes.choose_symbol_size` groups channels "
+                    "into symbols to keep L within a budget; polynomial decoding is limited by the conditioning of "
+                    "the real Vandermonde system instead, whatever L.", ""]
+
+
+def _stripes_text(report: Dict[str, Any]) -> str:
+    """Return when a block set is split into stripes, from the recorded minimum stripe width."""
+    least = report["inputs"].get("min_stripe_symbol_bytes")
+    return "" if least is None else (f"a block set is split into stripes of columns, one per thread, only where "
+                                     f"each gets at least {least // 1024} KiB of every symbol")
+
+
+def _speed_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the encode and decode speed tables."""
+    m, speed = report["machine"], report["speed"]
+    symbols = ", ".join(str(L) for L in _in_order([row["L"] for row in speed]))
+    lines = ["## Speed", "",
+             f"A block set of about {speed[0]['block_set_MiB']:.2f} MiB of float32 ({symbols} symbols per block, "
+             f"axis 0), times in milliseconds, medians; SAZD with up to {m['decode_threads']} decode threads, Poly "
+             f"with {m['blas_threads']} BLAS threads. SAZD packets are L + padding symbols long. *k-packet sum*: "
+             "NumPy adding the same k packets the decoder used into a fresh array, measured in the same run. "
+             "Compile: working out the zigzag schedule of one arrival set, done once per arrival set and cached; "
+             "the decode figures are cached decodes into a fresh output (allocating it costs page faults), and, "
+             "where marked, into an output array reused from call to call (`decode(..., out=...)`). Figures on a "
+             "shared machine move between runs; the minimum shows the best case.", "",
+             "| (n,k) | packet symbols | SAZD encode | Poly encode | Poly decode (min) | k-block sum |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in speed:
         lines.append(f"| ({row['n']},{row['k']}) | {row['packet_symbols']} | {_ms(row['sazd_encode_s'])} | "
                      f"{_ms(row['poly_encode_s'])} | {_ms(row['poly_decode_s'])} ({_ms(row['poly_decode_min_s'])}) | "
                      f"{_ms(row['numpy_sum_blocks_s'])} |")
@@ -362,46 +362,69 @@ def render_markdown(report: Dict[str, Any]) -> str:
               "| (n,k) | arrival set | ops | symbol reads | compile | SAZD decode (min) | k-packet sum (min) | "
               "decode / sum | reused output: decode, / sum | Poly decode / SAZD decode |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in report["speed"]:
+    for row in speed:
         for label, case in row["sazd_decode"].items():
             lines.append(f"| ({row['n']},{row['k']}) | {label} {tuple(case['packets'])} | {case['operations']} | "
                          f"{case['symbol_operations']} | {_ms(case['compile_s'])} | {_ms(case['decode_s'])} "
                          f"({_ms(case['decode_min_s'])}) | {_ms(case['numpy_sum_s'])} "
                          f"({_ms(case['numpy_sum_min_s'])}) | "
                          f"{case['ratio_to_numpy_sum']:.2f} | {_ms(case['decode_reused_out_s'])}, "
-                         f"{case['reused_out_ratio_to_numpy_sum']:.2f} | "
-                         f"{row['poly_decode_s'] / case['decode_s']:.2f} |")
-    torch_rows = [(row, label, case) for row in report["speed"] for label, case in row["sazd_decode"].items()
-                  if "torch_decode_s" in case]
-    if torch_rows:
-        lines += ["", "The same cached decode on torch CPU tensors (zero-copy views of the same packets), timed "
-                  "after the NumPy figures; CPU tensors decode through NumPy views of their memory, so the "
-                  "difference is the cost of the views:", "",
-                  "| (n,k) | arrival set | NumPy | torch |", "|---|---|---:|---:|"]
-        for row, label, case in torch_rows:
-            lines.append(f"| ({row['n']},{row['k']}) | {label} | {_ms(case['decode_s'])} | "
-                         f"{_ms(case['torch_decode_s'])} |")
-    if report.get("threads"):
-        t = m["decode_threads"]
-        lines += ["", "## Decode threads", "",
-                  f"SAZD decoding the first n-k systematic packets dropped with 1 and with {t} decode threads, "
-                  "timed together, into reused outputs, on the block set above and larger ones. A block set is "
-                  "split into *stripes* of columns, one per thread, only where each stripe gets at least "
-                  f"{MIN_STRIPE_SYMBOL_BYTES // 1024} KiB of every symbol; below that, waking threads costs more "
-                  "than it saves and the decode runs in the calling thread (1 stripe).", "",
-                  f"| (n,k) | block set MiB | symbol KiB | stripes | 1 thread | {t} threads | speed-up |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for row in report["threads"]:
-            lines.append(f"| ({row['n']},{row['k']}) | {row['block_set_MiB']:.0f} | {row['symbol_KiB']:.0f} | "
-                         f"{row['stripes']} | {_ms(row['one_thread_s'])} | {_ms(row['threads_s'])} | "
-                         f"{row['speedup']:.2f} |")
-    lines += ["", "## Acceptance", ""]
-    for check in report["acceptance"]:
-        verdict = "met" if check["passed"] else "NOT met"
-        lines.append(f"- {check['criterion']}: {check['value']:.3g}, **{verdict}**")
-    if not report["acceptance"]:
-        lines.append("- none of the pairs the acceptance figures are stated for was run")
-    return "\n".join(lines) + "\n"
+                         f"{case['reused_out_ratio_to_numpy_sum']:.2f} | {case['poly_over_sazd_decode']:.2f} |")
+    return lines + _torch_lines(speed)
+
+
+def _torch_lines(speed: List[Dict[str, Any]]) -> List[str]:
+    """Return the table of decodes on torch tensors, where there are any."""
+    rows = [(row, label, case) for row in speed for label, case in row["sazd_decode"].items()
+            if "torch_decode_s" in case]
+    if not rows:
+        return []
+    lines = ["", "The same cached decode on torch CPU tensors (zero-copy views of the same packets), timed "
+             "after the NumPy figures; CPU tensors decode through NumPy views of their memory, so the "
+             "difference is the cost of the views:", "",
+             "| (n,k) | arrival set | NumPy | torch |", "|---|---|---:|---:|"]
+    return lines + [f"| ({row['n']},{row['k']}) | {label} | {_ms(case['decode_s'])} | {_ms(case['torch_decode_s'])} |"
+                    for row, label, case in rows]
+
+
+def _thread_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the decode thread table, where one was measured."""
+    if not report.get("threads"):
+        return []
+    t, stripes = report["machine"]["decode_threads"], _stripes_text(report)
+    lines = ["", "## Decode threads", "",
+             f"SAZD decoding the first n-k systematic packets dropped with 1 and with {t} decode threads, timed "
+             "together, into reused outputs, on the block set above and larger ones. "
+             + (f"{stripes[0].upper()}{stripes[1:]}; below that, waking threads costs more than it saves and the "
+                "decode runs in the calling thread (1 stripe)." if stripes else ""), "",
+             f"| (n,k) | block set MiB | symbol KiB | stripes | 1 thread | {t} threads | speed-up |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in report["threads"]:
+        lines.append(f"| ({row['n']},{row['k']}) | {row['block_set_MiB']:.0f} | {row['symbol_KiB']:.0f} | "
+                     f"{row['stripes']} | {_ms(row['one_thread_s'])} | {_ms(row['threads_s'])} | "
+                     f"{row['speedup']:.2f} |")
+    return lines
+
+
+def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return the codec benchmark report as Markdown."""
+    m, inputs = report["machine"], report["inputs"]
+    blas, stripes = m["blas"], _stripes_text(report)
+    lines = ["# Codec benchmark", "",
+             "SAZD (shift-and-addition coding, compiled zigzag decoding) next to real polynomial codes and a plain "
+             "NumPy sum. All data float32, drawn from a standard normal distribution.", "",
+             "## Machine", "",
+             f"- CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
+             f"- NumPy {m['numpy']}, torch {m['torch']}, Python {m['python']}"
+             + (f", OPENBLAS_CORETYPE={m['openblas_coretype']}" if m.get("openblas_coretype") else ""),
+             f"- threads: SAZD decodes with up to {m['decode_threads']} decode threads"
+             + (f" ({stripes})" if stripes else "") + f"; Poly decodes with {m['blas_threads']} BLAS threads "
+             f"({blas['library']} {blas['version']}, {blas['default_threads']} by default)",
+             f"- measured {report['date']}; {inputs['repeats']} timed repeats per speed figure (median), "
+             f"accuracy over at most {inputs['limit']} arrival sets per cell (seed {inputs['seed']})", "",
+             "Rerun with:", "", "```", report["command"], "```", ""]
+    lines += _accuracy_lines(report) + _speed_lines(report) + _thread_lines(report) + [""]
+    return "\n".join(lines + expect.section(report, expectations))
 
 
 def _pairs(values: Optional[Sequence[str]]) -> List[Tuple[int, int]]:
@@ -419,9 +442,8 @@ def _pairs(values: Optional[Sequence[str]]) -> List[Tuple[int, int]]:
     return pairs
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the benchmark, write codec.md and codec.json, and return 0 (2 on bad options)."""
-    args = build_parser().parse_args(argv)
+def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
+    """Measure accuracy, speed and decode threads as the options say; return the report (2 on bad options)."""
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 21)
     mib = args.mib if args.mib is not None else (1.0 if args.quick else 8.0)
     limit = args.limit if args.limit is not None else (40 if args.quick else 5000)
@@ -431,15 +453,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--repeats {repeats}, --limit {limit}, --mib {mib}: expected positive values")
         threads = get_decode_threads() if args.threads is None else check_threads(args.threads, "--threads")
     except ValueError as exc:
-        print(f"psf bench codec: error: {exc}", flush=True)
-        return 2
-    command = " ".join([COMMAND, "--out", args.out] + (["--quick"] if args.quick else [])
-                       + (["--repeats", str(args.repeats)] if args.repeats is not None else [])
-                       + (["--mib", f"{args.mib:g}"] if args.mib is not None else [])
-                       + (["--limit", str(args.limit)] if args.limit is not None else [])
-                       + (["--pairs"] + list(args.pairs) if args.pairs else [])
-                       + (["--seed", str(args.seed)] if args.seed else [])
-                       + (["--threads", str(args.threads)] if args.threads is not None else []))
+        return rep.fail(PROG, str(exc))
     from threadpoolctl import threadpool_limits
 
     machine = machine_info(threads)  # before the limit below, which it reports
@@ -448,15 +462,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         speed = [speed_row(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads) for n, k in pairs]
     thread_table = [row for n, k in pairs if n > k
                     for row in thread_rows(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads)]
-    report = {"command": command, "machine": machine, "repeats": repeats, "limit": limit, "seed": args.seed,
-              "mib": mib, "accuracy": accuracy, "speed": speed, "threads": thread_table}
-    report["acceptance"] = acceptance(accuracy, speed, threads)
-    atomic_write_json(os.path.join(args.out, "codec.json"), report)
-    atomic_write_text(os.path.join(args.out, "codec.md"), render_markdown(report))
-    for check in report["acceptance"]:
-        print(f"{'met' if check['passed'] else 'NOT met'}: {check['criterion']} ({check['value']:.3g})")
-    print(f"wrote {os.path.join(args.out, 'codec.md')} and codec.json")
-    return 0
+    inputs = {"pairs": [list(p) for p in pairs], "repeats": repeats, "mib": mib, "limit": limit, "seed": args.seed,
+              "quick": args.quick, "symbol_width": SYMBOL_WIDTH, "min_stripe_symbol_bytes": MIN_STRIPE_SYMBOL_BYTES}
+    return {"benchmark": "codec", "command": rep.command_line(PROG, argv), "machine": machine, "date": rep.today(),
+            "inputs": inputs, "accuracy": accuracy, "speed": speed, "threads": thread_table}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark and write codec.json and codec.md (or re-render with --render); return the status."""
+    return rep.main("codec", build_parser(), argv, measure, render)
 
 
 if __name__ == "__main__":

@@ -4,35 +4,36 @@ Run under MPI with 2 or more ranks: ``mpiexec -n 2 python -m mpi4py -m psframewo
 Rank 0 is the server and rank 1 the worker for the bandwidth tables; the first-k table uses every
 worker. Raw pingpong (mpi4py.bench.pingpong, called in-process) and transport measurements are
 interleaved, repeated, and reported as medians so that drifts of the machine hit both alike.
-Writes comm.md and comm.json (atomically) to --out.
+Rank 0 writes comm.json and the comm.md rendered from it (atomically) to --out; `--render` re-renders
+comm.md from a comm.json without MPI.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import socket
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
+from psframework import environment
+from psframework.bench import expectations as expect
+from psframework.bench import report as rep
 from psframework.bench.machine import cpu_model
-from psframework.fileio import atomic_write_json, atomic_write_text
 
 KIB, MIB = 1 << 10, 1 << 20
-ACCEPT_FROM = 4 * MIB  # acceptance: >= 80% of mpi4py's pingpong for messages this large and larger
-ACCEPT_RATIO = 0.8
 COMMAND = "mpiexec -n {n} python -m mpi4py -m psframework bench comm"
+PROG = "psf bench comm"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the benchmark's argument parser."""
-    parser = argparse.ArgumentParser(prog="psf bench comm", description="transport bandwidth vs mpi4py "
-                                     "pingpong, and first-k-of-n overhead; run under mpiexec -n 2 or more")
-    parser.add_argument("--out", default=os.path.join("docs", "benchmarks"), help="directory for comm.md and comm.json")
+    parser = argparse.ArgumentParser(prog=PROG, description="transport bandwidth vs mpi4py pingpong, and "
+                                     "first-k-of-n overhead; run under mpiexec -n 2 or more")
+    rep.add_report_options(parser, "comm")
     parser.add_argument("--min-size", type=int, default=KIB, help="smallest message in bytes (default 1 KiB)")
     parser.add_argument("--max-size", type=int, default=64 * MIB, help="largest message in bytes (default 64 MiB)")
     parser.add_argument("--repeats", type=int, default=9, help="interleaved repetitions per size (median kept)")
@@ -194,7 +195,7 @@ def measure_memory(comm: Any, t: Any, nbytes: int, repeats: int, quick: bool) ->
         torch_alloc.append(transport_one_way(t, nbytes, iterations, server_sends=True, torch_memory=True))
     row = {"bytes": nbytes, "numpy_backed_MBps": nbytes / statistics.median(numpy_backed) / 1e6,
            "torch_allocator_MBps": nbytes / statistics.median(torch_alloc) / 1e6,
-           "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "")}
+           "THP_MEM_ALLOC_ENABLE": environment.get("THP_MEM_ALLOC_ENABLE") or ""}
     if comm.Get_rank() == 0:
         print(f"  {_size(nbytes):>8}  NumPy-backed tensors {row['numpy_backed_MBps']:9.1f} MB/s  "
               f"torch allocator {row['torch_allocator_MBps']:9.1f} MB/s", flush=True)
@@ -273,10 +274,9 @@ def measure_first_k(comm: Any, t: Any, sizes: List[int], repeats: int, quick: bo
         row["overhead_vs_raw_s"] = first - raw
         row["overhead_vs_raw_pct"] = 100.0 * (first - raw) / raw
         rows.append(row)
-        if True:
-            print(f"  {_size(nbytes):>8}  raw {row['raw_s'] * 1e6:9.1f} us  plain {plain * 1e6:9.1f} us  "
-                  f"first-{n}-of-{n} {first * 1e6:9.1f} us  overhead {row['overhead_pct']:+.1f}% vs plain, "
-                  f"{row['overhead_vs_raw_pct']:+.1f}% vs raw", flush=True)
+        print(f"  {_size(nbytes):>8}  raw {row['raw_s'] * 1e6:9.1f} us  plain {plain * 1e6:9.1f} us  "
+              f"first-{n}-of-{n} {first * 1e6:9.1f} us  overhead {row['overhead_pct']:+.1f}% vs plain, "
+              f"{row['overhead_vs_raw_pct']:+.1f}% vs raw", flush=True)
     return rows
 
 
@@ -304,55 +304,37 @@ def machine_info(comm: Any) -> Dict[str, Any]:
     return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "mpi_library": " ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
             "mpi4py": mpi4py.__version__, "torch": torch.__version__, "python": platform.python_version(),
-            "world_size": comm.Get_size(), "load_average_1min": os.getloadavg()[0],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "world_size": comm.Get_size(), "load_average_1min": os.getloadavg()[0]}
 
 
-RATIOS = ("transport_pingpong", "server_to_worker", "worker_to_server")
+def _machine_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the machine section."""
+    m = report["machine"]
+    size = m["world_size"]
+    return ["## Machine", "",
+            f"- host: {m['host']}, CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
+            f"- MPI: {m['mpi_library']}, mpi4py {m['mpi4py']}, torch {m['torch']}, Python {m['python']}",
+            f"- MPI processes: {size} (rank 0 server, ranks 1..{size - 1} workers), measured {report['date']}; "
+            f"1-minute load average {m['load_average_1min']:.2f} at the end of the run (the run's own {size} "
+            "processes count in it: well above that, other work shared the machine)"
+            + ("; more processes than cores: idle and waiting ranks share cores with working ones, which "
+               "perturbs every figure, the bandwidth ones included (measure bandwidth with at most one process "
+               "per core)" if size > (m["cores"] or 1) else ""), "",
+            "Rerun with:", "", "```", report["command"], "```", ""]
 
 
-def acceptance(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Return whether the transport reaches 80% of pingpong bandwidth from 4 MiB up, in every measurement."""
-    large = [r for r in rows if r["bytes"] >= ACCEPT_FROM]
-    worst = min((r[f"ratio_{name}"] for r in large for name in RATIOS), default=None)
-    worst_plain = min((r["ratio_transport_vs_sendrecv"] for r in large), default=None)
-    return {"criterion": f"transport >= {ACCEPT_RATIO:.0%} of mpi4py pingpong bandwidth for messages >= 4 MiB "
-                         "(transport pingpong, server -> worker and worker -> server alike)",
-            "sizes_checked": [r["bytes"] for r in large], "worst_ratio": worst,
-            "passed": None if worst is None else worst >= ACCEPT_RATIO,
-            "worst_ratio_transport_vs_sendrecv": worst_plain}
-
-
-def render_markdown(report: Dict[str, Any]) -> str:
-    """Return the benchmark report as Markdown."""
-    m, acc = report["machine"], report["acceptance"]
-    lines = ["# Communication benchmark", "",
-             "Bandwidth of the psframework transport (enveloped messages: a 128-byte header, then the payload, "
-             "torch CPU tensors as zero-copy NumPy views) next to `python -m mpi4py.bench pingpong` measured in "
-             "the same run, and the cost of first-k-of-n receives over plain receives. Medians over "
-             f"{report['repeats']} interleaved repetitions. The transport ran with its watchdog on "
-             f"(timeout {report['timeout_s']:g} s), as in training.", "",
-             "## Machine", "",
-             f"- host: {m['host']}, CPU: {m['cpu']}, {m['cores']} cores, {m['platform']}",
-             f"- MPI: {m['mpi_library']}, mpi4py {m['mpi4py']}, torch {m['torch']}, Python {m['python']}",
-             f"- MPI processes: {m['world_size']} (rank 0 server, ranks 1..{m['world_size'] - 1} workers), "
-             f"measured {m['date']}; 1-minute load average {m['load_average_1min']:.2f} at the end of the run "
-             f"(the run's own {m['world_size']} processes count in it: well above that, other work shared the "
-             "machine)"
-             + ("; more processes than cores: idle and waiting ranks share cores with working ones, which "
-                "perturbs every figure, the bandwidth ones included (measure bandwidth with at most one process "
-                "per core)" if m["world_size"] > (m["cores"] or 1) else ""), "",
-             "Rerun with:", "", "```", report["command"], "```", "",
-             "## Bandwidth (MB/s, 1 MB = 10^6 bytes)", "",
+def _bandwidth_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the bandwidth table and what its smallest size shows."""
+    lines = ["## Bandwidth (MB/s, 1 MB = 10^6 bytes)", "",
              "mpi4py pingpong: `mpi4py.bench.pingpong` called in-process, its one-way time (half a round trip "
              "of two equal messages, separate send and receive buffers). Send/Recv pingpong: the same exchange "
              "in plain MPI on buffers made as the transport's are (NumPy-backed tensors), a second reference. "
              "Transport pingpong: the same exchange through the transport. Server -> worker and worker -> server: "
              "one message through the transport, answered by an empty acknowledgement (a header alone); their "
-             "working set is half the pingpong's, "
-             "which favours them where the messages fit in cache. Ratio: transport over mpi4py pingpong "
-             "bandwidth, each transport measurement paired with the pingpong measured just before it, median "
-             "over the repetitions (so that slow spells of the machine hit both sides of a pair).", "",
+             "working set is half the pingpong's, which favours them where the messages fit in cache. Ratio: "
+             "transport over mpi4py pingpong bandwidth, each transport measurement paired with the pingpong "
+             "measured just before it, median over the repetitions (so that slow spells of the machine hit both "
+             "sides of a pair).", "",
              "| size | mpi4py pingpong | Send/Recv pingpong | transport pingpong | ratio | vs Send/Recv "
              "| server -> worker | ratio | worker -> server | ratio |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -362,115 +344,133 @@ def render_markdown(report: Dict[str, Any]) -> str:
                      f"{r['ratio_transport_vs_sendrecv']:.2f} | {r['server_to_worker_MBps']:.1f} | "
                      f"{r['ratio_server_to_worker']:.2f} | {r['worker_to_server_MBps']:.1f} | "
                      f"{r['ratio_worker_to_server']:.2f} |")
-    small = report["bandwidth"][0]
-    lines += ["", f"The smallest messages show the transport's fixed cost: {_size(small['bytes'])} takes "
-              f"{small['transport_pingpong_s'] * 1e6:.1f} us one way through the transport against "
-              f"{small['pingpong_s'] * 1e6:.1f} us for mpi4py's pingpong (two MPI messages per message, a header "
-              "built and checked in Python). Large messages are dominated by the copy itself."]
-    verdict = {True: "met", False: "NOT met", None: "not measured (no size >= 4 MiB)"}[acc["passed"]]
-    worst = "" if acc["worst_ratio"] is None else (
-        f" (worst ratio {acc['worst_ratio']:.2f}; transport pingpong against the Send/Recv pingpong: worst "
-        f"{acc['worst_ratio_transport_vs_sendrecv']:.2f})")
-    lines += ["", f"Acceptance, {acc['criterion']}: **{verdict}**{worst}.", ""]
-    mem = report["memory"]
-    thp = mem["THP_MEM_ALLOC_ENABLE"] or "unset"
-    lines += ["## Where the tensor memory comes from", "",
-              "Server -> worker bandwidth through the transport for the largest size, from tensors backed by "
-              "NumPy memory (`psframework.comm.buffers.host_empty`, which the tables above use, as mpi4py's "
-              "pingpong uses NumPy arrays) and from tensors of torch's own allocator "
-              f"(THP_MEM_ALLOC_ENABLE={thp}). NumPy asks Linux for transparent huge pages on large arrays; "
-              "torch does so only with THP_MEM_ALLOC_ENABLE=1, which `hpc/psf-mpirun` and the `jobs/` "
-              "templates export.", "",
-              "| size | NumPy-backed tensors | torch allocator |", "|---:|---:|---:|",
-              f"| {_size(mem['bytes'])} | {mem['numpy_backed_MBps']:.1f} | {mem['torch_allocator_MBps']:.1f} |", ""]
-    fk = report["first_k"]
-    if fk:
-        n = fk[0]["workers"]
-        names = [key[:-2] for key in fk[0] if key.endswith("_s") and not key.startswith("overhead")]
-        lines += ["## First-k-of-n overhead", "",
-                  f"One round: the server sends a small command to each worker ({n} here) and receives one reply "
-                  "of the given size from each. raw: MPI Irecv/Waitall without envelopes; plain: the transport's "
-                  f"blocking receives in rank order; first-{n}-of-{n}: pre-posted receives and a wait for all "
-                  "replies, the same work as plain; the overheads compare it with plain and with raw. Plain "
-                  "receives take the replies one after the other, raw and first-k take them as they come, "
-                  "concurrently"
-                  + (f"; first-{n - 1}-of-{n} stops at the first {n - 1} replies." if n > 1 else "."), "",
-                  "| size | " + " | ".join(f"{name} (us)" for name in names)
-                  + " | overhead vs plain | overhead vs raw |",
-                  "|---:|" + "---:|" * (len(names) + 2)]
-        for r in fk:
-            cells = " | ".join(f"{r[name + '_s'] * 1e6:.1f}" for name in names)
-            lines.append(f"| {_size(r['bytes'])} | {cells} | {r['overhead_s'] * 1e6:+.1f} us "
-                         f"({r['overhead_pct']:+.1f}%) | {r['overhead_vs_raw_s'] * 1e6:+.1f} us "
-                         f"({r['overhead_vs_raw_pct']:+.1f}%) |")
-    return "\n".join(lines) + "\n"
+    if report["bandwidth"]:
+        small = report["bandwidth"][0]
+        lines += ["", f"The smallest messages show the transport's fixed cost: {_size(small['bytes'])} takes "
+                  f"{small['transport_pingpong_s'] * 1e6:.1f} us one way through the transport against "
+                  f"{small['pingpong_s'] * 1e6:.1f} us for mpi4py's pingpong (two MPI messages per message, a "
+                  "header built and checked in Python)."]
+    return lines + [""]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the benchmark; return 0, or 2 when it is not run under MPI with at least 2 ranks."""
-    args = build_parser().parse_args(argv)
-    if args.min_size < 1 or args.max_size < args.min_size:
-        print(f"psf bench comm: --min-size {args.min_size} / --max-size {args.max_size}: expected "
-              "1 <= min-size <= max-size", file=sys.stderr)
-        return 2
-    if args.repeats < 1:
-        print(f"psf bench comm: --repeats {args.repeats}: expected >= 1", file=sys.stderr)
-        return 2
+def _memory_lines(mem: Dict[str, Any]) -> List[str]:
+    """Return the section on NumPy-backed against torch-allocated tensors."""
+    if not mem:
+        return []
+    return ["## Where the tensor memory comes from", "",
+            "Server -> worker bandwidth through the transport for the largest size, from tensors backed by "
+            "NumPy memory (`psframework.comm.buffers.host_empty`, which the tables above use, as mpi4py's "
+            "pingpong uses NumPy arrays) and from tensors of torch's own allocator "
+            f"(THP_MEM_ALLOC_ENABLE={mem['THP_MEM_ALLOC_ENABLE'] or 'unset'}). NumPy asks Linux for transparent "
+            "huge pages on large arrays; torch does so only with THP_MEM_ALLOC_ENABLE=1, which `hpc/psf-mpirun` "
+            "and the `jobs/` templates export.", "",
+            "| size | NumPy-backed tensors | torch allocator |", "|---:|---:|---:|",
+            f"| {_size(mem['bytes'])} | {mem['numpy_backed_MBps']:.1f} | {mem['torch_allocator_MBps']:.1f} |", ""]
+
+
+def _first_k_lines(fk: List[Dict[str, Any]]) -> List[str]:
+    """Return the first-k-of-n overhead table."""
+    if not fk:
+        return []
+    n = fk[0]["workers"]
+    names = [key[:-2] for key in fk[0] if key.endswith("_s") and not key.startswith("overhead")]
+    lines = ["## First-k-of-n overhead", "",
+             f"One round: the server sends a small command to each worker ({n} here) and receives one reply "
+             "of the given size from each. raw: MPI Irecv/Waitall without envelopes; plain: the transport's "
+             f"blocking receives in rank order; first-{n}-of-{n}: pre-posted receives and a wait for all "
+             "replies, the same work as plain; the overheads compare it with plain and with raw. Plain "
+             "receives take the replies one after the other, raw and first-k take them as they come, "
+             "concurrently" + (f"; first-{n - 1}-of-{n} stops at the first {n - 1} replies." if n > 1 else "."), "",
+             "| size | " + " | ".join(f"{name} (us)" for name in names) + " | overhead vs plain | overhead vs raw |",
+             "|---:|" + "---:|" * (len(names) + 2)]
+    for r in fk:
+        cells = " | ".join(f"{r[name + '_s'] * 1e6:.1f}" for name in names)
+        lines.append(f"| {_size(r['bytes'])} | {cells} | {r['overhead_s'] * 1e6:+.1f} us "
+                     f"({r['overhead_pct']:+.1f}%) | {r['overhead_vs_raw_s'] * 1e6:+.1f} us "
+                     f"({r['overhead_vs_raw_pct']:+.1f}%) |")
+    return lines + [""]
+
+
+def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return the communication benchmark report as Markdown."""
+    inputs = report["inputs"]
+    header = f"a {inputs['header_bytes']}-byte header" if inputs.get("header_bytes") else "a header"
+    lines = ["# Communication benchmark", "",
+             f"Bandwidth of the psframework transport (enveloped messages: {header}, then the payload, torch CPU "
+             "tensors as zero-copy NumPy views) next to `python -m mpi4py.bench pingpong` measured in the same "
+             "run, and the cost of first-k-of-n receives over plain receives. Medians over "
+             f"{inputs['repeats']} interleaved repetitions. The transport ran with its watchdog on "
+             f"(timeout {inputs['timeout_s']:g} s), as in training.", ""]
+    lines += (_machine_lines(report) + _bandwidth_lines(report) + _memory_lines(report["memory"])
+              + _first_k_lines(report["first_k"]))
+    return "\n".join(lines + expect.section(report, expectations))
+
+
+def message_sizes(args: argparse.Namespace) -> List[int]:
+    """Return the powers of two from --min-size to --max-size (up to 256 KiB with --quick)."""
+    sizes = [1 << i for i in range(args.max_size.bit_length()) if args.min_size <= 1 << i <= args.max_size]
+    if args.quick:
+        sizes = [s for s in sizes if s <= 256 * KIB] or sizes[:1]
+    return sizes
+
+
+def measure_all(comm: Any, sizes: List[int], repeats: int, timeout_s: float, quick: bool) -> Dict[str, Any]:
+    """Measure bandwidth and memory on ranks 0 and 1, then first-k-of-n on every rank; return the figures."""
     from mpi4py import MPI
 
     from psframework.comm import Transport
 
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() < 2:
-        print(f"psf bench comm: needs at least 2 MPI processes, got {comm.Get_size()}; run: "
-              f"{COMMAND.format(n=2)}", file=sys.stderr)
-        return 2
-    sizes = []
-    size = 1
-    while size <= args.max_size:
-        if size >= args.min_size:
-            sizes.append(size)
-        size *= 2
-    repeats = min(args.repeats, 2) if args.quick else args.repeats
-    if args.quick:
-        sizes = [s for s in sizes if s <= 256 * KIB] or sizes[:1]
     rank = comm.Get_rank()
-    if rank == 0:
-        print(f"psf bench comm: {comm.Get_size()} processes, sizes {_size(sizes[0])}..{_size(sizes[-1])}, "
-              f"{repeats} repetitions", flush=True)
-        print("bandwidth (ranks 0 and 1):", flush=True)
+    say = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
+    say(f"{PROG}: {comm.Get_size()} processes, sizes {_size(sizes[0])}..{_size(sizes[-1])}, {repeats} repetitions")
+    say("bandwidth (ranks 0 and 1):")
     # Bandwidth runs on ranks 0 and 1 alone; the others wait without spinning so as not to steal cores.
     pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
-    bandwidth: List[Dict[str, Any]] = []
-    memory: Dict[str, Any] = {}
+    figures: Dict[str, Any] = {"bandwidth": [], "memory": {}}
     if pair != MPI.COMM_NULL:
-        t = Transport(pair, cuda_aware="false", timeout_s=args.timeout_s)
-        bandwidth = measure_bandwidth(pair, t, sizes, repeats, args.quick)
-        if rank == 0:
-            print("memory:", flush=True)
-        memory = measure_memory(pair, t, sizes[-1], repeats, args.quick)
+        t = Transport(pair, cuda_aware="false", timeout_s=timeout_s)
+        figures["bandwidth"] = measure_bandwidth(pair, t, sizes, repeats, quick)
+        say("memory:")
+        figures["memory"] = measure_memory(pair, t, sizes[-1], repeats, quick)
         t.close(5.0)
         pair.Free()
     _quiet_barrier(comm)
-    t = Transport(comm, cuda_aware="false", timeout_s=args.timeout_s)
+    t = Transport(comm, cuda_aware="false", timeout_s=timeout_s)
     fk_sizes = [s for s in (KIB, 64 * KIB, MIB, 8 * MIB) if sizes[0] <= s <= sizes[-1]] or [sizes[0]]
-    if rank == 0:
-        print(f"first-k-of-n ({comm.Get_size() - 1} workers):", flush=True)
-    first_k = measure_first_k(comm, t, fk_sizes, repeats, args.quick)
+    say(f"first-k-of-n ({comm.Get_size() - 1} workers):")
+    figures["first_k"] = measure_first_k(comm, t, fk_sizes, repeats, quick)
     t.close(5.0)
-    if rank == 0:
-        extra = "" if argv is None else " ".join(argv)
-        report = {"command": (COMMAND.format(n=comm.Get_size()) + " " + extra).strip(),
-                  "machine": machine_info(comm), "repeats": repeats, "timeout_s": args.timeout_s,
-                  "bandwidth": bandwidth, "memory": memory, "first_k": first_k, "acceptance": acceptance(bandwidth)}
-        atomic_write_json(os.path.join(args.out, "comm.json"), report)
-        atomic_write_text(os.path.join(args.out, "comm.md"), render_markdown(report))
-        acc = report["acceptance"]
-        print(f"acceptance ({acc['criterion']}): "
-              f"{ {True: 'met', False: 'NOT met', None: 'not measured'}[acc['passed']] }"
-              + ("" if acc["worst_ratio"] is None else f", worst ratio {acc['worst_ratio']:.2f}"), flush=True)
-        print(f"wrote {os.path.join(args.out, 'comm.md')} and comm.json", flush=True)
-    return 0
+    return figures
+
+
+def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
+    """Measure under MPI; return the report on rank 0, exit status 0 on the others and 2 on bad options."""
+    if args.min_size < 1 or args.max_size < args.min_size:
+        return rep.fail(PROG, f"--min-size {args.min_size} / --max-size {args.max_size}: expected "
+                        "1 <= min-size <= max-size")
+    if args.repeats < 1:
+        return rep.fail(PROG, f"--repeats {args.repeats}: expected >= 1")
+    from mpi4py import MPI
+
+    from psframework.comm.envelope import HEADER_BYTES
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 2:
+        return rep.fail(PROG, f"needs at least 2 MPI processes, got {comm.Get_size()}; run: {COMMAND.format(n=2)}")
+    sizes = message_sizes(args)
+    repeats = min(args.repeats, 2) if args.quick else args.repeats
+    figures = measure_all(comm, sizes, repeats, args.timeout_s, args.quick)
+    if comm.Get_rank() != 0:
+        return 0
+    inputs = {"sizes": sizes, "repeats": repeats, "timeout_s": args.timeout_s, "quick": args.quick,
+              "header_bytes": HEADER_BYTES}
+    return {"benchmark": "comm", "command": rep.command_line(COMMAND.format(n=comm.Get_size()), argv),
+            "machine": machine_info(comm), "date": rep.today(), "inputs": inputs, **figures}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark (or re-render with --render); return 0, or 2 when it is not run under MPI with 2 ranks."""
+    return rep.main("comm", build_parser(), argv, measure, render)
 
 
 if __name__ == "__main__":

@@ -1,97 +1,90 @@
-"""Straggler benchmark: coded (SAZD) vs uncoded model parallelism with one worker slowed, and SAZD vs naive SAZD.
+"""Straggler benchmark: training jobs with and without a slowed worker, and the ratios between them.
 
-Runs real training jobs under mpiexec (one after another, in one invocation) on the benchmark pair of
-configs and reports mean iteration times, the slowdown ratio caused by a fixed straggler, server bytes
-per iteration, and the share of the iteration that the workers spend computing.
+Trains the cases of a case file (configs/bench/stragglers.yaml by default, --cases FILE for another)
+under mpiexec, one after another in one invocation. Reports each case's mean iteration time, the
+time rank 0 waits for the k-th reply, server bytes per iteration, the share of the iteration the
+workers spend computing, and the ratios the case file lists (for a straggler case, how far its
+slowed workers fell behind). Writes stragglers.json and stragglers.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from psframework.bench.runs import machine, missing_config, run_cases, write_report
-
-STRAGGLER = ["stragglers.model=fixed", "stragglers.ranks=[2]", "stragglers.factor=5"]
+from psframework.bench import cases as casefile
+from psframework.bench import expectations as expect
+from psframework.bench.runs import MIB, TrainingBenchmark, case_rows, header
 
 
-def report(cases: Dict[str, Dict], args: argparse.Namespace) -> tuple:
-    """Return (markdown, json object) of the results."""
-    def ratio(a: str, b: str) -> float:
-        return cases[a]["mean_iteration_s"] / cases[b]["mean_iteration_s"]
+def _row(label: str, s: Mapping[str, Any], case: Mapping[str, Any]) -> str:
+    """Return one case's table row."""
+    share = s["worker_compute_share"]
+    return (f"| {label} | {s['n']} | {s['k']} | {s['mean_iteration_s'] * 1e3:.1f} | {s['mean_wait_s'] * 1e3:.1f} | "
+            f"{s['server_bytes_sent_per_iteration'] / MIB:.2f} | "
+            f"{s.get('server_bytes_received_per_iteration', 0) / MIB:.2f} | "
+            f"{'' if share is None else f'{100 * share:.0f}%'} |")
 
-    def lag(label: str) -> str:
-        slow = cases[label]["workers"]["2"]
-        return (f"skipped {slow['replies_skipped']:.0f} of {slow['replies_sent'] + slow['replies_skipped']:.0f} "
-                f"replies and fell up to {slow['max_behind']:.0f} commands behind, applying every update")
 
-    sazd_ratio = ratio("sazd, straggler", "sazd, none")
-    uncoded_ratio = ratio("uncoded, straggler", "uncoded, none")
-    rows = []
-    for label, s in cases.items():
-        share = s["worker_compute_share"]
-        rows.append(f"| {label} | {s['n']} | {s['k']} | {s['mean_iteration_s'] * 1e3:.1f} | "
-                    f"{s['mean_wait_s'] * 1e3:.1f} | {s['server_bytes_sent_per_iteration'] / 2**20:.2f} | "
-                    f"{s.get('server_bytes_received_per_iteration', 0) / 2**20:.2f} | "
-                    f"{'' if share is None else f'{100 * share:.0f}%'} |")
-    naive_time = ratio("sazd-naive, none", "sazd, none")
-    naive_bytes = (cases["sazd-naive, none"]["server_bytes_sent_per_iteration"]
-                   / cases["sazd, none"]["server_bytes_sent_per_iteration"])
-    command = "psf bench stragglers" + (f" --iterations {args.iterations}" if args.iterations else "")
-    md = "\n".join([
-        "# Straggler benchmark",
-        "",
-        f"Command: `{command}` (runs each case below under `mpiexec`, one after another).",
-        f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}.",
-        "",
-        f"Configs: `{args.sazd}` (n=4, k=3) and `{args.uncoded}` (n=k=3); the straggler case adds "
-        f"`{' '.join(STRAGGLER)}` (worker rank 2 sleeps 4x its own compute time after every reply it computes, "
-        "so it takes 5x as long). Mean iteration time excludes the first iteration (warm-up).",
+def _straggler_text(report: Mapping[str, Any]) -> str:
+    """Return what the first case with a straggler adds, in words, from its recorded overrides and setting."""
+    cases = (report.get("inputs") or {}).get("cases") or {}
+    case = next((c for c in cases.values() if c["setting"]["stragglers"]["model"] != "none"), None)
+    if case is None:
+        return ""
+    s = case["setting"]["stragglers"]
+    added = f"The straggler cases add `{' '.join(case['overrides'])}`"
+    if s["model"] != "fixed":
+        return added + ". "
+    return (added + f": worker rank(s) {', '.join(str(r) for r in s['ranks'])}, each sleeping {s['factor'] - 1:g}x "
+            f"its own compute time after every reply it computes, so that it takes {s['factor']:g}x as long. ")
+
+
+def _lag(summary: Mapping[str, Any], ranks: Sequence[int]) -> str:
+    """Return how far each slowed worker fell behind, from its counters."""
+    parts = []
+    for rank in ranks:
+        w = (summary.get("workers") or {}).get(str(rank))
+        if w:
+            parts.append(f"rank {rank} skipped {w['replies_skipped']:.0f} of "
+                         f"{w['replies_sent'] + w['replies_skipped']:.0f} replies and fell up to "
+                         f"{w['max_behind']:.0f} commands behind, applying {w['updates']:.0f} updates")
+    return "; ".join(parts)
+
+
+def case_fields(summary: Mapping[str, Any], case: Mapping[str, Any]) -> Dict[str, Any]:
+    """Return the fields the case file's text sees beside a case's summary: `lag`, how far its slowed
+    workers fell behind, as '; rank R skipped ...' (empty without a straggler)."""
+    lag = _lag(summary, case["setting"]["stragglers"]["ranks"])
+    return {"lag": f"; {lag}" if lag else ""}
+
+
+def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return the straggler benchmark report as Markdown."""
+    ctx = casefile.context(report, case_fields)
+    lines = header(report, "Straggler benchmark") + casefile.paragraph(report, "intro", ctx) + [
+        _straggler_text(report) + "Mean iteration time excludes the first iteration (warm-up).",
         "",
         "| case | n | k | mean iteration (ms) | mean wait for k-th reply (ms) | server MiB sent / it | "
         "server MiB received / it | worker compute share |",
         "|---|---|---|---|---|---|---|---|",
-        *rows,
+        *case_rows(report, _row),
         "",
-        "## Ratios",
+        f"## {casefile.ratios_title(report)}",
         "",
-        f"- `sazd`: iteration time with the straggler / without: **{sazd_ratio:.2f}** (rank 0 decodes from "
-        "the first 3 of 4 replies; the slowed worker " + lag("sazd, straggler") + ").",
-        f"- `uncoded`: iteration time with the straggler / without: **{uncoded_ratio:.2f}** (every worker is "
-        "needed, so each round waits for the slow one).",
-        f"- `sazd-naive` / `sazd` without stragglers: iteration time **{naive_time:.2f}x**, server bytes sent "
-        f"per iteration **{naive_bytes:.2f}x** (the naive server ships every worker's coded weights each "
-        "round and computes the conv weight gradients itself).",
+        *casefile.ratio_lines(report, ctx),
         "",
+        *casefile.paragraph(report, "closing", ctx),
         "The worker compute share is the workers' mean compute time per iteration (wall time of their "
-        "convolutions and updates, which share this machine's cores) over the mean iteration time of the "
-        "run without stragglers: the setting is compute-bound when it is high.",
+        "convolutions and updates) over the run's mean iteration time: the setting is compute-bound when it "
+        "is high.",
         "",
-    ])
-    data = {"command": command, "machine": machine(), "date": datetime.date.today().isoformat(),
-            "ratios": {"sazd_straggler_over_none": sazd_ratio, "uncoded_straggler_over_none": uncoded_ratio,
-                       "naive_over_sazd_time": naive_time, "naive_over_sazd_bytes": naive_bytes},
-            "cases": cases}
-    return md, data
+    ]
+    return "\n".join(lines + expect.section(report, expectations))
+
+
+BENCHMARK = TrainingBenchmark(name="stragglers", description=__doc__, render=render)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the straggler benchmark and write stragglers.md and stragglers.json."""
-    parser = argparse.ArgumentParser(prog="psf bench stragglers", description=__doc__)
-    parser.add_argument("--out", default="docs/benchmarks", help="directory for stragglers.md/.json")
-    parser.add_argument("--sazd", default="configs/bench_sazd.yaml", help="coded config (n=4, k=3)")
-    parser.add_argument("--uncoded", default="configs/bench_uncoded.yaml", help="uncoded config (n=k=3)")
-    parser.add_argument("--iterations", type=int, default=None, help="override train.max_iterations")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
-    args = parser.parse_args(argv)
-    if missing_config("psf bench stragglers", (args.sazd, args.uncoded)):
-        return 2
-    extra = [f"train.max_iterations={args.iterations}"] if args.iterations else []
-    plan = [("sazd, none", args.sazd, 5, []), ("sazd, straggler", args.sazd, 5, STRAGGLER),
-            ("uncoded, none", args.uncoded, 4, []), ("uncoded, straggler", args.uncoded, 4, STRAGGLER),
-            ("sazd-naive, none", args.sazd, 5, ["scheme=sazd-naive"])]
-    cases = run_cases("psf bench stragglers", plan, extra, args.timeout)
-    md, data = report(cases, args)
-    write_report(args.out, "stragglers", md, data)
-    return 0
+    """Run the straggler benchmark and write stragglers.json and stragglers.md (or re-render with --render)."""
+    return BENCHMARK.main(argv)

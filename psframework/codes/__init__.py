@@ -2,7 +2,7 @@
 
 Codes (one interface, `Code`): `SAZDCode(n, k, systematic=True)` (shift-and-addition coding with
 compiled zigzag decoding), `PolyCode(n, k, nodes="chebyshev")` (real Vandermonde baseline) and
-`UncodedCode(k)` (plain split, n = k); `make_code(config)` picks one from a configuration. Each has
+`UncodedCode(k)` (plain split, n = k); `make_code(kind, n, k)` builds one by kind. Each has
 `n`, `k`, `padding` (extra symbols per packet), `encode(blocks, axis=0, symbol_size=1) -> list` of n
 packets, `decode(packets, axis=0, symbol_size=1) -> list` of k blocks from any k packets given as
 {index: array}, `decode_joined(...)` (the blocks back to back), `packet_length(block_length,
@@ -28,7 +28,7 @@ Decode threads (default: PSF_DECODE_THREADS, else the usable cores, at most 4):
 from psframework.codes.accuracy import ErrorReport, arrival_sets, max_symbols_within, measure_decode_error
 from psframework.codes.base import Code
 from psframework.codes.bits import from_bits, to_bits
-from psframework.codes.factory import CODED_SCHEMES, make_code
+from psframework.codes.factory import CODE_KINDS, make_code
 from psframework.codes.layout import BlockLayout, choose_symbol_size, join_blocks, plan_layout, split_blocks
 from psframework.codes.poly import NODES, PolyCode, UncodedCode, vandermonde_nodes
 from psframework.codes.sazd import SAZDCode, has_increasing_difference, nonsystematic_shifts, systematic_shifts
@@ -36,7 +36,7 @@ from psframework.codes.threads import get_decode_threads, set_decode_threads
 from psframework.codes.zigzag import NotDecodableError, Schedule, compile_schedule
 
 __all__ = [
-    "BlockLayout", "CODED_SCHEMES", "Code", "ErrorReport", "NODES", "NotDecodableError", "PolyCode", "SAZDCode",
+    "BlockLayout", "CODE_KINDS", "Code", "ErrorReport", "NODES", "NotDecodableError", "PolyCode", "SAZDCode",
     "Schedule", "UncodedCode", "arrival_sets", "choose_symbol_size", "compile_schedule", "from_bits",
     "get_decode_threads", "has_increasing_difference", "join_blocks", "make_code", "max_symbols_within",
     "measure_decode_error", "nonsystematic_shifts", "plan_layout", "set_decode_threads", "split_blocks",

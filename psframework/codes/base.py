@@ -6,7 +6,7 @@ import operator
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from psframework.codes.xp import Backend, common_backend
+from psframework.arrays import Backend, common_backend
 
 Packets = Union[Mapping[int, Any], Iterable[Tuple[int, Any]]]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from psframework.codes.xp import backend_of
+from psframework.arrays import arithmetic_backend
 
 _NUMPY_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -24,7 +24,7 @@ def _torch_bits(torch: Any, dtype: Any) -> Any:
 
 def to_bits(x: Any) -> Any:
     """Return a view of float array `x` as integers of the same width (integer arrays come back unchanged)."""
-    backend = backend_of(x)
+    backend = arithmetic_backend(x)
     if backend.name == "torch":
         torch = backend.torch
         dtype = x.dtype
@@ -43,7 +43,7 @@ def to_bits(x: Any) -> Any:
 
 def from_bits(x: Any, dtype: Any) -> Any:
     """Return integer array `x` viewed as `dtype`, which must have the same width (the inverse of to_bits)."""
-    backend = backend_of(x)
+    backend = arithmetic_backend(x)
     if backend.name == "torch":
         torch = backend.torch
         if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+from psframework.arrays import arithmetic_backend, axis_index, common_backend
 from psframework.codes.base import check_axis, check_int
-from psframework.codes.xp import axis_index, backend_of, common_backend
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -83,7 +83,7 @@ def split_blocks(x: Any, k: int, axis: int = 0, symbol_size: int = 1) -> List[An
 
     Without padding the blocks are views of `x`; with padding they are views of a padded copy.
     """
-    backend = backend_of(x)
+    backend = arithmetic_backend(x)
     backend.check_dtype(x.dtype)
     x = backend.prepare(x)
     axis = check_axis(axis, len(x.shape))

@@ -6,11 +6,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from psframework.arrays import arithmetic_backend, axis_index
 from psframework.codes.base import Code, Packets, check_int
 from psframework.codes.threads import resolve_threads
-from psframework.codes.xp import axis_index, backend_of
 from psframework.codes.zigzag import Schedule, _compile, compile_uncached
-
 
 
 def systematic_shifts(n: int, k: int) -> np.ndarray:
@@ -154,7 +153,7 @@ class SAZDCode(Code):
 
     @staticmethod
     def _check_out(backend: Any, out: Any, shape: Tuple[int, ...], like: Any) -> None:
-        other = backend_of(out)
+        other = arithmetic_backend(out)
         if other is not backend:
             raise ValueError(f"out is a {other.name} array but the packets are {backend.name} arrays")
         if tuple(out.shape) != shape:

@@ -12,9 +12,10 @@ import os
 import threading
 from typing import Any, Callable, List, Optional, Sequence
 
+from psframework import environment
 from psframework.codes.base import check_int
 
-ENV_VAR = "PSF_DECODE_THREADS"
+ENV_VAR = environment.DECODE_THREADS
 MAX_DEFAULT_THREADS = 4
 
 _configured: Optional[int] = None  # set_decode_threads, or the environment variable once read
@@ -44,14 +45,9 @@ def get_decode_threads() -> int:
     """Return the default decode thread count (see the module docstring for where it comes from)."""
     global _configured
     if _configured is None:
-        raw = os.environ.get(ENV_VAR, "").strip()
-        if not raw:
+        _configured = environment.decode_threads()
+        if _configured is None:
             return default_decode_threads()
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_VAR}={raw!r} is not a thread count: expected an integer >= 1") from None
-        _configured = check_threads(value, ENV_VAR)
     return _configured
 
 

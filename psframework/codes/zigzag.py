@@ -29,8 +29,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from psframework.arrays import Backend
 from psframework.codes.threads import POOL
-from psframework.codes.xp import Backend
 
 # Operation kinds. Offsets and lengths are in symbols; "out" is the decoded buffer, block i of which
 # starts at symbol i * L. Op = (kind, dst, n, slot, src, terms).

@@ -1,9 +1,9 @@
 """A mailbox that takes every message from one source off the wire as soon as it arrives.
 
-A rank that falls behind (a straggler) still receives its messages while it computes or sleeps,
-whatever their tags, so its sender's buffers and queues never fill up behind it. Messages are kept
-by envelope until taken. Use it for every receive from that source on its transport: its header
-receive matches any tag.
+The transport's mailbox mode (`Transport.mailbox(source)`): a rank that falls behind (a straggler)
+still receives its messages while it computes or sleeps, whatever their tags, so its sender's
+buffers and queues never fill up behind it. Messages are kept by envelope until taken. Payloads
+arrive through the transport's own receive path (`receive_buffer`, `count_received`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
-from .buffers import allocate, recv_buffer, tensor_info
+from .buffers import allocate
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
 from .transport import DEFAULT, Backoff, Transport
@@ -45,7 +45,7 @@ class Mailbox:
                                        f"tag {tag} does not match")
                 if header.nbytes:
                     out = allocate(header.dtype, header.shape)
-                    wire = recv_buffer(out, self.transport.cuda_aware, self.transport._pool, tensor_info(out))
+                    wire = self.transport.receive_buffer(out)
                     self._pending = (header, out, wire)
                     # The payload follows its header with the same tag: this receive matches it first.
                     self._request = self.transport.comm.Irecv([wire.data, MPI.BYTE], self.source, tag)
@@ -59,9 +59,8 @@ class Mailbox:
             self._request = self._post_header()
 
     def _keep(self, header: Header, data: Any) -> None:
-        stats = self.transport.stats
-        stats.received_messages += 1
-        stats.received_bytes += header.nbytes
+        self.transport.stats.received_messages += 1
+        self.transport.count_received(header.nbytes)
         self.kept[(header.envelope.tag, header.envelope.iteration)] = (header, data)
 
     def has(self, envelope: Envelope) -> bool:
@@ -71,7 +70,7 @@ class Mailbox:
 
     def wait_any(self, envelopes: Sequence[Envelope], timeout_s: Any = DEFAULT) -> int:
         """Wait until one of `envelopes` has arrived; return its position (the first, if several), not taking it."""
-        timeout = self.transport._timeout(timeout_s)
+        timeout = self.transport.resolve_timeout(timeout_s)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff(self.transport.poll_sleep_s)
         keys = [(e.tag, e.iteration) for e in envelopes]

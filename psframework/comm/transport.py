@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from psframework import environment
+
 from .buffers import (StagingPool, TensorInfo, WireBuffer, allocate, copy_bytes_into, recv_buffer, send_buffer,
                       tensor_info)
 from .cuda import resolve_cuda_aware
@@ -69,14 +71,11 @@ class Backoff:
 
 def auto_poll_sleep(comm: Any) -> float:
     """Return PSF_POLL_SLEEP_S if set, else 0 (spin) when this node has a core per rank, else 1 ms."""
-    from .threads import ranks_per_node, usable_cores
+    from psframework.runtime.threads import ranks_per_node, usable_cores
 
-    if os.environ.get("PSF_POLL_SLEEP_S"):
-        value = float(os.environ["PSF_POLL_SLEEP_S"])
-        if not value >= 0.0:
-            raise ValueError(f"PSF_POLL_SLEEP_S: got {value!r}, expected seconds >= 0")
-        return value
-
+    configured = environment.poll_sleep_s()
+    if configured is not None:
+        return configured
     ranks, _ = ranks_per_node(comm)
     return 0.0 if ranks <= usable_cores() else 1e-3
 
@@ -231,26 +230,6 @@ class Gather:
             slot.awaited = False
 
 
-class RecvHandle:
-    """One pre-posted receive."""
-
-    def __init__(self, transport: "Transport", slot: _Slot) -> None:
-        self._transport = transport
-        self._slot = slot
-        self.source = slot.source
-        self.envelope = slot.envelope
-
-    def test(self) -> bool:
-        """Return whether the message is in."""
-        if self._slot.state != _DONE:
-            self._transport.progress()
-        return self._slot.outcome == ARRIVED
-
-    def wait(self, timeout_s: Any = DEFAULT) -> Any:
-        """Block until the message is in and return the received tensor."""
-        return self._transport._wait_slot(self._slot, self._transport._timeout(timeout_s))
-
-
 class Transport:
     """Move tensors between ranks of one communicator with envelopes, a watchdog and draining.
 
@@ -296,6 +275,7 @@ class Transport:
         self._kept: Dict[Tuple[int, int], Dict[int, Tuple[Header, np.ndarray]]] = {}
         self._sends: List[SendHandle] = []
         self._statuses: List[Any] = []
+        self._mailboxes: List[Any] = []
 
     # -- sending ------------------------------------------------------------------------------
     def isend(self, dest: int, data: Any, envelope: Envelope) -> SendHandle:
@@ -345,13 +325,6 @@ class Transport:
         self._sweep_sends()
 
     # -- receiving ----------------------------------------------------------------------------
-    def irecv(self, source: int, out: Any, envelope: Envelope) -> RecvHandle:
-        """Post a receive from `source` into `out` (a tensor of the expected dtype and shape)."""
-        self._check_rank(source, "source")
-        info = None if out is None else tensor_info(out)
-        self.progress()
-        return RecvHandle(self, self._open_slot(source, envelope, out, info))
-
     def recv(self, source: int, envelope: Envelope, out: Any = None, *, timeout_s: Any = DEFAULT) -> Any:
         """Receive one message; into `out` if given, else into a new CPU tensor shaped as sent."""
         self._check_rank(source, "source")
@@ -487,7 +460,7 @@ class Transport:
                 if not header.nbytes:
                     self._arrive(slot, header)
                     return
-                slot.wire = recv_buffer(slot.out, self.cuda_aware, self._pool, slot.info)
+                slot.wire = self.receive_buffer(slot.out, slot.info)
                 self._post_payload(slot, slot.wire.data, _PAYLOAD)
                 return
             if not header.nbytes:
@@ -503,7 +476,7 @@ class Transport:
             self._finish(slot, CANCELLED)
             raise MessageMismatch(f"message from rank {slot.source} for {slot.envelope}: header announced "
                                   f"{header.nbytes} bytes, {count} arrived")
-        self.stats.received_bytes += count  # every payload that came in, late ones dropped after it included
+        self.count_received(count)  # every payload that came in, late ones dropped after it included
         if slot.state == _PAYLOAD:
             wire, slot.wire = slot.wire, None
             assert wire is not None
@@ -557,6 +530,32 @@ class Transport:
             self._draining.append(slot)
         return False
 
+    # -- mailbox mode ---------------------------------------------------------------------------
+    def mailbox(self, source: int) -> Any:
+        """Receive everything `source` sends on this transport as it arrives, whatever its tag.
+
+        Use it for every receive from that source: its header receive matches any tag. `progress()`
+        and every wait of this transport serve it too, so messages keep moving while the rank computes.
+        """
+        from .mailbox import Mailbox
+
+        self._check_rank(source, "source")
+        box = Mailbox(self, source)
+        self._mailboxes.append(box)
+        return box
+
+    def receive_buffer(self, out: Any, info: Optional[TensorInfo] = None) -> WireBuffer:
+        """Return the wire buffer a payload for `out` is received into (staged when MPI cannot take it)."""
+        return recv_buffer(out, self.cuda_aware, self._pool, info)
+
+    def count_received(self, nbytes: int) -> None:
+        """Count a payload that came in."""
+        self.stats.received_bytes += nbytes
+
+    def resolve_timeout(self, value: Any = DEFAULT) -> Optional[float]:
+        """Return the watchdog timeout a wait uses: `value`, or the transport's when DEFAULT."""
+        return self._timeout(value)
+
     # -- progress, waiting and draining ---------------------------------------------------------
     def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float]) -> Optional[List[int]]:
         backoff = Backoff(self.poll_sleep_s)
@@ -586,7 +585,9 @@ class Transport:
         return True
 
     def progress(self) -> int:
-        """Serve receives and sends that can move now without blocking; return how many remain."""
+        """Serve receives, mailboxes and sends that can move now without blocking; return how many remain."""
+        for box in self._mailboxes:
+            box.progress()
         live = list(self._live.values()) + self._draining
         if live:
             statuses = self._statuses
@@ -624,8 +625,11 @@ class Transport:
         return DrainReport(completed, cancelled, len(self._sends))
 
     def close(self, timeout_s: float = 0.0) -> DrainReport:
-        """Drain, then free the duplicated communicator."""
+        """Drain, close the mailboxes, then free the duplicated communicator."""
         report = self.drain(timeout_s)
+        for box in self._mailboxes:
+            box.close()
+        self._mailboxes = []
         if self._owns_comm and self.comm != MPI.COMM_NULL:
             self.comm.Free()
         return report

@@ -1,28 +1,33 @@
-"""Training schemes: one module per scheme, holding its server and worker sides."""
+"""Training schemes: the registry, the one driver, and one module per scheme with its server and worker sides."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Dict, Optional
+
+from psframework.schemes.registry import Scheme, SchemeError, get_scheme, register, scheme_names
+from psframework.settings import Settings
 
 
-def get_runner(scheme: str) -> Callable:
-    """Return the `run(cfg, comm=None)` function of a scheme."""
-    if scheme == "reference":
-        from psframework.schemes.reference import run
-        return run
-    if scheme in ("sazd", "poly", "uncoded"):
-        from psframework.schemes.coded import run
-        return run
-    if scheme == "ps":
-        from psframework.schemes.ps import run
-        return run
-    if scheme == "stanza":
-        from psframework.schemes.stanza import run
-        return run
-    if scheme == "sazd-naive":
-        from psframework.schemes.sazd_naive import run
-        return run
-    raise NotImplementedError(f"scheme {scheme!r} is not available in this version of psframework")
+def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
+    """Run this rank's part of a training run; rank 0 (or the single process) returns the summary."""
+    from psframework.comm.rounds import ServerRounds, WorkerRounds
+    from psframework.runtime.node import start_node
+    from psframework.schemes.common import build_problem
+    from psframework.schemes.driver import Problem, run_server, run_worker
+
+    scheme = get_scheme(settings.run.scheme)
+    if not scheme.mpi:
+        side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)))
+        return run_server(settings, side)
+    relay = scheme.coded and settings.transport.dissemination == "relay"
+    node = start_node(settings.transport, comm, peers=relay)
+    if node.roles.is_server:
+        link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation)
+        side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
+        return run_server(settings, side, node.roles.size)
+    link = WorkerRounds(node.transport, node.roles, node.peers)
+    run_worker(settings, scheme.load(scheme.worker)(settings, link))
+    return None
 
 
-__all__ = ["get_runner"]
+__all__ = ["Scheme", "SchemeError", "get_scheme", "register", "scheme_names", "train"]

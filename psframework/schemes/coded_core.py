@@ -152,17 +152,15 @@ class CodedServer:
 def decode_conv_state(code: Code, codings: List[LayerCoding], states: Dict[int, List[torch.Tensor]]
                       ) -> List[Dict[str, torch.Tensor]]:
     """Decode uncoded weights, biases and momentum buffers from k workers' `CodedWorker.state()`."""
-    layers = []
-    for layer, coding in enumerate(codings):
-        base = sum(6 if c.has_column_copy else 4 for c in codings[:layer])
-        def part(offset: int) -> Dict[int, torch.Tensor]:
-            return {j: s[base + offset] for j, s in states.items()}
+    layers, base = [], 0
+    for coding in codings:
+        count = 5 if coding.has_column_copy else 4
+        parts = [{j: s[base + offset] for j, s in states.items()} for offset in range(count)]
+        rows = [coding.decode(code, part, axis=0, length=coding.out_channels) for part in parts[:4]]
         layers.append({
-            "weight": coding.decode(code, part(0), axis=0, length=coding.out_channels),
-            "weight_momentum": coding.decode(code, part(1), axis=0, length=coding.out_channels),
-            "bias": coding.decode(code, part(2), axis=0, length=coding.out_channels),
-            "bias_momentum": coding.decode(code, part(3), axis=0, length=coding.out_channels),
-            "col_weight": (coding.decode(code, part(4), axis=1, length=coding.in_channels)
+            "weight": rows[0], "weight_momentum": rows[1], "bias": rows[2], "bias_momentum": rows[3],
+            "col_weight": (coding.decode(code, parts[4], axis=1, length=coding.in_channels)
                            if coding.has_column_copy else None),
         })
+        base += 6 if coding.has_column_copy else 4
     return layers

@@ -1,4 +1,4 @@
-"""Pieces every scheme shares: seeding, optimizers, the iteration plan, evaluation."""
+"""Pieces every scheme shares: the problem, optimizers, the iteration plan, evaluation."""
 
 from __future__ import annotations
 
@@ -10,30 +10,35 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from psframework.config import Config, ConfigError
-from psframework.data import Dataset, iterate_batches, load_dataset, num_batches
+from psframework.config import DataConfig
+from psframework.data import Dataset, dataset_shape, iterate_batches, load_dataset, num_batches
 from psframework.models import SplitCNN, build_model
 from psframework.models.split import input_size_of
+from psframework.settings import OptimSettings, Settings
 
 
 def resolve_device(name: str) -> torch.device:
-    """Map the `device` config value to a torch device."""
+    """Map the `device` setting to a torch device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed torch's global generator (model initialisation, dropout)."""
-    torch.manual_seed(seed)
+def new_model(settings: Settings, in_channels: int, classes: int) -> SplitCNN:
+    """Build the model initialised from `train.seed` (every rank builds the same one)."""
+    torch.manual_seed(settings.optim.seed)
+    return build_model(settings.model, in_channels, classes)
 
 
-def build_problem(cfg: Config) -> Tuple[Dataset, SplitCNN]:
-    """Load the dataset and build the model initialised from `train.seed`."""
-    dataset = load_dataset(cfg.data, input_size_of(cfg.model))
-    seed_everything(cfg.train.seed)
-    model = build_model(cfg.model, dataset.image_shape[0], dataset.num_classes)
-    return dataset, model
+def build_problem(settings: Settings) -> Tuple[Dataset, SplitCNN]:
+    """Load the dataset and build the model."""
+    dataset = load_dataset(settings.data, input_size_of(settings.model))
+    return dataset, new_model(settings, dataset.image_shape[0], dataset.num_classes)
+
+
+def model_skeleton(settings: Settings) -> SplitCNN:
+    """Build the model without loading data (its layer geometry is all a coded worker needs)."""
+    return new_model(settings, *dataset_shape(settings.data))
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], kind: str, lr: float, momentum: float,
@@ -46,23 +51,23 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], kind: str, lr: float, m
     raise ValueError(f"optimizer: got {kind!r}, expected sgd or adam")
 
 
-def conv_optimizer(cfg: Config, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """Return the optimizer of the conv stack."""
-    t = cfg.train
-    return make_optimizer(params, t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay)
+def conv_optimizer(optim: OptimSettings, params: Sequence[torch.nn.Parameter],
+                   kind: Optional[str] = None) -> torch.optim.Optimizer:
+    """Return the optimizer of conv parameters (`kind` overrides train.optimizer)."""
+    o = optim
+    return make_optimizer(params, kind or o.optimizer, o.lr, o.momentum, o.nesterov, o.weight_decay)
 
 
-def head_optimizer(cfg: Config, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def head_optimizer(optim: OptimSettings, params: Sequence[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """Return the optimizer of the FC head (train.head_* override train.*)."""
-    t = cfg.train
-    kind = t.head_optimizer or t.optimizer
-    lr = t.head_lr if t.head_lr is not None else t.lr
-    return make_optimizer(params, kind, lr, t.momentum, t.nesterov, t.weight_decay)
+    o = optim
+    lr = o.head_lr if o.head_lr is not None else o.lr
+    return make_optimizer(params, o.head_optimizer or o.optimizer, lr, o.momentum, o.nesterov, o.weight_decay)
 
 
-def lr_factor(cfg: Config, iteration: int, total: int) -> float:
-    """Return the learning-rate multiplier of an iteration (1-based) under `train.lr_schedule`."""
-    if cfg.train.lr_schedule == "cosine":
+def lr_factor(schedule: str, iteration: int, total: int) -> float:
+    """Return the learning-rate multiplier of an iteration (1-based) under a schedule."""
+    if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * (iteration - 1) / max(total, 1)))
     return 1.0
 
@@ -87,40 +92,20 @@ class Step:
     indices: np.ndarray
 
 
-def total_iterations(cfg: Config, num_samples: int) -> int:
-    """Return how many iterations the run will do."""
-    per_epoch = num_batches(num_samples, cfg.data.batch_size, cfg.data.drop_last)
-    if per_epoch == 0:
-        raise ConfigError(f"data.batch_size: got {cfg.data.batch_size}, larger than the "
-                         f"{num_samples} training samples")
-    total = per_epoch * cfg.train.epochs
-    return min(total, cfg.train.max_iterations) if cfg.train.max_iterations else total
-
-
-def iteration_plan(cfg: Config, num_samples: int, start_iteration: int = 0) -> Iterator[Step]:
-    """Yield every iteration's global batch, in the order fixed by `data.seed`."""
-    per_epoch = num_batches(num_samples, cfg.data.batch_size, cfg.data.drop_last)
-    total = total_iterations(cfg, num_samples)
-    iteration = start_iteration
-    epoch, batch = divmod(start_iteration, per_epoch)
+def iteration_plan(data: DataConfig, num_samples: int, start: int, total: int) -> Iterator[Step]:
+    """Yield iterations start+1..total: each global batch, in the order fixed by `data.seed`."""
+    per_epoch = num_batches(num_samples, data.batch_size, data.drop_last)
+    iteration = start
+    epoch, batch = divmod(start, per_epoch)
     while iteration < total:
-        for indices in iterate_batches(num_samples, cfg.data.batch_size, cfg.data.seed, epoch, start=batch,
-                                       drop_last=cfg.data.drop_last):
+        for indices in iterate_batches(num_samples, data.batch_size, data.seed, epoch, start=batch,
+                                       drop_last=data.drop_last):
             if iteration >= total:
                 return
             iteration += 1
             yield Step(iteration, epoch, batch, indices)
             batch += 1
         epoch, batch = epoch + 1, 0
-
-
-def is_eval_iteration(cfg: Config, step: Step, per_epoch: int, total: int) -> bool:
-    """Return whether the model is evaluated after this iteration."""
-    if step.iteration == total:
-        return True
-    if cfg.train.eval_every > 0:
-        return step.iteration % cfg.train.eval_every == 0
-    return step.batch == per_epoch - 1
 
 
 @torch.no_grad()

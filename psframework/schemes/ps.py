@@ -10,45 +10,45 @@ layers cross the network twice per worker per iteration: the traffic Stanza remo
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from psframework.config import Config
+from psframework.comm.rounds import Msg
 from psframework.schemes.common import Step
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
-                                               grads_envelope, params_envelope, run_data_parallel, running_stats,
-                                               set_grads, weighted_sum)
+                                               running_stats, set_grads, weighted_sum)
+from psframework.schemes.driver import Event
+from psframework.settings import Settings
 
 
 class PSServer(DataParallelServer):
     """Rank 0 of `ps`: averages full-model gradients and steps every layer."""
 
     def round(self, step: Step) -> RoundResult:
-        it = step.iteration
         params = list(self.model.parameters())
-        gather = self.transport.post_gather(self.workers, grads_envelope(it))
         vector = flat(params)
-        self.send_all(self.workers, [vector] * self.n, params_envelope(it))
-        result = self.wait(gather, self.needed)
-        used = sorted(result.first)
-        sizes = self.sizes(self.shards(step))
-        samples = sum(sizes[r] for r in used)
-        # Gradients, running statistics and losses alike: the mean over the samples used.
-        mean = weighted_sum(result.data, {r: sizes[r] / samples for r in used})
+        replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
+        sizes = {j: part.stop - part.start for j, part in self.shards(step).items()}
+        result = RoundResult(0.0, sorted(replies.indices), sizes)
+        samples = sum(sizes[j] for j in result.used)
+        # Gradients and losses alike: the mean over the samples used.
+        mean = weighted_sum(replies.data, {j: sizes[j] / samples for j in result.used})
         count = vector.numel()
         set_grads(params, mean[:count])
-        self.conv_opt.step()
-        self.head_opt.step()
-        self.keep_running_stats(mean[count:-1])
-        return RoundResult(float(mean[-1]), used, [sizes[r] for r in used])
+        for opt in self.optimizers:
+            opt.step()
+        self.keep_running_stats({j: v[count:-1] for j, v in replies.data.items()}, result)
+        result.loss = float(mean[-1])
+        return result
 
 
 class PSWorker(DataParallelWorker):
-    """Rank j+1 of `ps`: the whole model on its shard; pushes gradients, statistics and loss."""
+    """Worker j of `ps`: the whole model on its shard; pushes gradients, statistics and loss."""
 
-    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
+                after: Event) -> None:
         weights = list(self.model.parameters())
         assign(weights, params)
         t0 = time.perf_counter()
@@ -57,22 +57,16 @@ class PSWorker(DataParallelWorker):
         loss = F.cross_entropy(self.model(images), labels)
         loss.backward()
         vector = torch.cat([flat([p.grad for p in weights]), flat(running_stats(self.model)), loss.detach().reshape(1)])
-        self.straggle(step.iteration, time.perf_counter() - t0)
-        self.transport.isend(0, vector, grads_envelope(step.iteration)).wait()
-        self.stats.sent()
+        self.straggle(step.iteration, t0)
+        self.link.reply(vector, Msg.grads(step.iteration))
 
 
-def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
-    """Run `ps` on this rank: rank 0 returns the summary, workers return None."""
-    return run_data_parallel(cfg, PSServer, PSWorker, comm)
-
-
-def expected_server_bytes(cfg: Config, model: Any) -> Tuple[int, int]:
+def expected_server_bytes(settings: Settings, model: Any) -> Tuple[int, int]:
     """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
 
     Sent: all parameters to each of the n workers. Received: each worker's gradients, BatchNorm
     running statistics and loss (late replies of backup workers are received too, then dropped).
     """
-    n = cfg.code.n
+    n = settings.code.n
     params = sum(p.numel() for p in model.parameters())
     return 4 * n * params, 4 * n * (params + sum(s.numel() for s in running_stats(model)) + 1)

@@ -13,59 +13,63 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from psframework.config import Config
+from psframework.comm.envelope import Phase
+from psframework.comm.rounds import Msg
 from psframework.schemes.common import Step
-from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign,
-                                               feature_grads_envelope, features_envelope, flat, grads_envelope,
-                                               params_envelope, run_data_parallel, running_stats, set_grads,
-                                               weighted_sum)
+from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
+                                               running_stats, set_grads, weighted_sum)
+from psframework.schemes.driver import Event
+from psframework.settings import Settings
+
+
+def features_envelope(iteration: int) -> Any:
+    """Worker -> rank 0: the conv features of the worker's shard."""
+    return Msg.reply(iteration, 0, Phase.FORWARD)
+
+
+def feature_grads_envelope(iteration: int) -> Any:
+    """Rank 0 -> worker: the gradient of the loss with respect to the worker's features."""
+    return Msg.command(iteration, 0, Phase.BACKWARD)
 
 
 class StanzaServer(DataParallelServer):
     """Rank 0 of `stanza`: hosts the FC head and is the conv stack's parameter server."""
 
     def round(self, step: Step) -> RoundResult:
-        it = step.iteration
-        conv = self.model.conv_parameters()
-        features = self.transport.post_gather(self.workers, features_envelope(it))
-        self.send_all(self.workers, [flat(conv)] * self.n, params_envelope(it))
-        arrived = self.wait(features, self.needed)
-        used = sorted(arrived.first)
+        it, conv = step.iteration, self.model.conv_parameters()
+        arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
         shards = self.shards(step)
-        sizes = self.sizes(shards)
-        labels = self.dataset.train.labels[torch.from_numpy(step.indices)]
-        own = [labels[shards[r]] for r in used]
-
-        x = torch.cat([arrived.data[r] for r in used]).requires_grad_(True)
+        result = RoundResult(0.0, sorted(arrived.indices), {j: s.stop - s.start for j, s in shards.items()})
+        labels = self.problem.dataset.train.labels[torch.from_numpy(step.indices)]
+        x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
         self.head_opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model.head(x), torch.cat(own))
+        loss = F.cross_entropy(self.model.head(x), torch.cat([labels[shards[j]] for j in result.used]))
         loss.backward()
         self.head_opt.step()
-
-        grads = self.transport.post_gather(used, grads_envelope(it))
-        pieces = torch.split(x.grad, [sizes[r] for r in used])
-        self.send_all(used, [p.contiguous() for p in pieces], feature_grads_envelope(it))
-        replies = self.wait(grads, len(used))
+        ranks = [self.link.workers[j] for j in result.used]
+        grads = self.link.expect(Msg.grads(it), ranks)
+        pieces = torch.split(x.grad, [result.sizes[j] for j in result.used])
+        self.link.send([p.contiguous() for p in pieces], feature_grads_envelope(it), ranks)
+        replies = self.link.collect(grads, len(ranks))
         count = sum(p.numel() for p in conv)
         # Conv gradients add up (each is that worker's share of the mean loss); running statistics average.
-        total = weighted_sum(replies.data, dict.fromkeys(used, 1.0))
-        set_grads(conv, total[:count])
+        set_grads(conv, weighted_sum(replies.data, dict.fromkeys(result.used, 1.0))[:count])
         self.conv_opt.step()
-        samples = sum(sizes[r] for r in used)
-        stats = {r: replies.data[r][count:] for r in used}
-        self.keep_running_stats(weighted_sum(stats, {r: sizes[r] / samples for r in used}))
-        return RoundResult(float(loss.detach()), used, [sizes[r] for r in used])
+        self.keep_running_stats({j: v[count:] for j, v in replies.data.items()}, result)
+        result.loss = float(loss.detach())
+        return result
 
 
 class StanzaWorker(DataParallelWorker):
-    """Rank j+1 of `stanza`: the conv stack on its shard; sends features, receives their gradient."""
+    """Worker j of `stanza`: the conv stack on its shard; sends features, receives their gradient."""
 
-    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
+                after: Event) -> None:
         it = step.iteration
         conv = self.model.conv_parameters()
         assign(conv, params)
@@ -73,33 +77,27 @@ class StanzaWorker(DataParallelWorker):
         for p in conv:
             p.grad = None
         features = self.model.features(images)
-        self.straggle(it, time.perf_counter() - t0)
-        self.transport.isend(0, features.detach().contiguous(), features_envelope(it)).wait()
+        self.straggle(it, t0)
+        self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next round or stop).
-        if self.inbox.wait_any([feature_grads_envelope(it), self.next_envelope(it)]) == 1:
-            self.stats.skipped()
+        if self.link.first_of([feature_grads_envelope(it), self.opening(after)]) == 1:
+            self.link.report.skipped()
             return
-        grad = self.inbox.take(feature_grads_envelope(it))
+        grad = self.link.take(feature_grads_envelope(it))
         t0 = time.perf_counter()
         features.backward(grad)
         vector = torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.model))])
-        self.straggle(it, time.perf_counter() - t0)
-        self.transport.isend(0, vector, grads_envelope(it)).wait()
-        self.stats.sent()
+        self.straggle(it, t0)
+        self.link.reply(vector, Msg.grads(it))
 
 
-def run(cfg: Config, comm: Any = None) -> Optional[Dict[str, Any]]:
-    """Run `stanza` on this rank: rank 0 returns the summary, workers return None."""
-    return run_data_parallel(cfg, StanzaServer, StanzaWorker, comm)
-
-
-def expected_server_bytes(cfg: Config, model: Any) -> Tuple[int, int]:
+def expected_server_bytes(settings: Settings, model: Any) -> Tuple[int, int]:
     """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
 
     Sent: the conv parameters to each of the n workers and the feature gradients of the batch.
     Received: the features of the batch and each worker's conv gradients and running statistics.
     """
-    n, batch = cfg.code.n, cfg.data.batch_size
+    n, batch = settings.code.n, settings.data.batch_size
     conv = sum(p.numel() for p in model.conv_parameters())
     features = batch * math.prod(model.feature_shape)
     stats = sum(s.numel() for s in running_stats(model))

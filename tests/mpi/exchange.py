@@ -29,8 +29,8 @@ def packet(worker: int, iteration: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                      b.reshape(-1).view(torch.uint8))
+    same_layout = a.dtype == b.dtype and a.shape == b.shape
+    return same_layout and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def main() -> None:

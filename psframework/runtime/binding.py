@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional
 
-# Launcher variables, most specific first: under mpirun/mpiexec started inside a Slurm allocation the
-# ranks may inherit the SLURM_LOCALID of the daemon that spawned them, so the MPI launcher's own
-# variables win over Slurm's.
-LOCAL_RANK_VARIABLES: Tuple[Tuple[str, Optional[str]], ...] = (
-    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI mpirun
-    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH / Intel MPI hydra
-    ("SLURM_LOCALID", None),  # srun
-)
+from psframework import environment
 
 
 @dataclass(frozen=True)
@@ -23,19 +15,6 @@ class LocalRank:
     rank: int
     size: Optional[int]
     source: str
-
-
-def _int_var(environ: Mapping[str, str], name: str) -> Optional[int]:
-    value = environ.get(name)
-    if value is None or value.strip() == "":
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}: got {value!r}, expected an integer") from None
-    if number < 0:
-        raise ValueError(f"environment variable {name}: got {number}, expected >= 0")
-    return number
 
 
 def shared_node_comm(comm: Any = None) -> Any:
@@ -52,11 +31,9 @@ def local_rank(comm: Any = None, environ: Optional[Mapping[str, str]] = None) ->
     The split is collective over comm; every rank of one launch sees the same variables, so
     either all ranks split or none does.
     """
-    environ = os.environ if environ is None else environ
-    for rank_var, size_var in LOCAL_RANK_VARIABLES:
-        rank = _int_var(environ, rank_var)
-        if rank is not None:
-            return LocalRank(rank, None if size_var is None else _int_var(environ, size_var), rank_var)
+    launcher = environment.local_rank_vars(environ)
+    if launcher is not None:
+        return LocalRank(*launcher)
     node = shared_node_comm(comm)
     try:
         return LocalRank(node.Get_rank(), node.Get_size(), "MPI_COMM_TYPE_SHARED split")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,29 +31,20 @@ class StragglerSpec:
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
-            raise ValueError(f"straggler model: got {self.model!r}, expected one of {', '.join(MODELS)}")
+            raise ValueError(f"stragglers.model: got {self.model!r}, expected one of {', '.join(MODELS)}")
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         if self.model in ("fixed", "random") and not self.factor >= 1.0:
-            raise ValueError(f"straggler factor: got {self.factor}, expected >= 1 (a slowdown factor)")
+            raise ValueError(f"stragglers.factor: got {self.factor}, expected >= 1 (a slowdown factor)")
         if self.model in ("exponential", "pareto") and not self.factor > 0.0:
-            raise ValueError(f"straggler factor: got {self.factor}, expected > 0 (the mean delay in compute times)")
+            raise ValueError(f"stragglers.factor: got {self.factor}, expected > 0 (the mean delay in compute times)")
         if self.model == "fixed" and not self.ranks:
-            raise ValueError("straggler ranks: got none, expected at least one worker rank for model fixed")
+            raise ValueError("stragglers.ranks: got none, expected at least one worker rank for model fixed")
         if self.model == "random" and not self.count >= 1:
-            raise ValueError(f"straggler count: got {self.count}, expected >= 1")
+            raise ValueError(f"stragglers.count: got {self.count}, expected >= 1")
         if self.model == "pareto" and not self.shape > 1.0:
-            raise ValueError(f"straggler shape: got {self.shape}, expected > 1 (a Pareto shape with a finite mean)")
+            raise ValueError(f"stragglers.shape: got {self.shape}, expected > 1 (a Pareto shape with a finite mean)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"straggler seed: got {self.seed!r}, expected an integer >= 0")
-
-    @classmethod
-    def from_config(cls, config: Any) -> "StragglerSpec":
-        """Return the spec of a mapping or an object with model, ranks, factor, seed, count, shape."""
-        get = config.get if isinstance(config, dict) else (lambda key, default: getattr(config, key, default))
-        defaults = cls()
-        return cls(model=get("model", defaults.model), ranks=tuple(get("ranks", defaults.ranks) or ()),
-                   factor=float(get("factor", defaults.factor)), seed=int(get("seed", defaults.seed)),
-                   count=int(get("count", defaults.count)), shape=float(get("shape", defaults.shape)))
+            raise ValueError(f"stragglers.seed: got {self.seed!r}, expected an integer >= 0")
 
 
 class Stragglers:
@@ -66,9 +57,9 @@ class Stragglers:
             raise ValueError("workers: got none, expected at least one worker rank")
         unknown = [r for r in spec.ranks if r not in self.workers]
         if spec.model == "fixed" and unknown:
-            raise ValueError(f"straggler ranks: got {unknown}, expected worker ranks among {list(self.workers)}")
+            raise ValueError(f"stragglers.ranks: got {unknown}, expected worker ranks among {list(self.workers)}")
         if spec.model == "random" and spec.count > len(self.workers):
-            raise ValueError(f"straggler count: got {spec.count}, expected <= {len(self.workers)} workers")
+            raise ValueError(f"stragglers.count: got {spec.count}, expected <= {len(self.workers)} workers")
         self._cache: Tuple[int, Dict[int, float]] = (-1, {})
 
     def factors(self, iteration: int) -> Dict[int, float]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
-from .binding import _int_var, shared_node_comm
+from psframework import environment
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+from .binding import shared_node_comm
 
 
 @dataclass(frozen=True)
@@ -32,28 +30,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _slurm_tasks_on_node(value: str, node_id: int) -> Optional[int]:
-    """Return the task count of node `node_id` from a Slurm list such as '4(x2),3'."""
-    counts = []
-    for part in value.split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if match is None:
-            return None
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts[node_id] if 0 <= node_id < len(counts) else None
-
-
 def ranks_per_node(comm: Any = None, environ: Optional[Mapping[str, str]] = None) -> Tuple[int, str]:
     """Return the ranks on this node and where that came from (launcher variables, else a shared split)."""
-    environ = os.environ if environ is None else environ
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
-        value = _int_var(environ, name)
-        if value:
-            return value, name
-    if "SLURM_LOCALID" in environ and "SLURM_STEP_TASKS_PER_NODE" in environ:
-        count = _slurm_tasks_on_node(environ["SLURM_STEP_TASKS_PER_NODE"], _int_var(environ, "SLURM_NODEID") or 0)
-        if count:
-            return count, "SLURM_STEP_TASKS_PER_NODE"
+    launcher = environment.local_size_vars(environ)
+    if launcher is not None:
+        return launcher
     try:
         node = shared_node_comm(comm)
     except ImportError:
@@ -72,11 +53,10 @@ def plan_threads(comm: Any = None, *, threads: Optional[int] = None, cores_per_n
     SLURM_CPUS_ON_NODE, else the machine's core count; `ranks` (ranks per node) to the launcher's
     variables, else a shared-memory split of comm.
     """
-    environ = os.environ if environ is None else environ
     for name, value in (("threads", threads), ("cores_per_node", cores_per_node), ("ranks", ranks)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{name}: got {value!r}, expected an integer >= 0 (0 = automatic)")
-    cores = cores_per_node or _int_var(environ, "SLURM_CPUS_ON_NODE") or os.cpu_count() or 1
+    cores = cores_per_node or environment.cpus_on_node(environ) or os.cpu_count() or 1
     usable = usable_cores()
     if ranks:
         per_node, source = ranks, "given"
@@ -90,8 +70,7 @@ def plan_threads(comm: Any = None, *, threads: Optional[int] = None, cores_per_n
 def apply_threads(plan: ThreadPlan) -> None:
     """Set torch, OpenMP and BLAS thread counts of this process to the plan's."""
     n = plan.threads
-    for name in THREAD_VARIABLES:  # for libraries loaded later and for child processes
-        os.environ[name] = str(n)
+    environment.export_threads(n)  # for libraries loaded later and for child processes
     import torch
 
     torch.set_num_threads(n)

@@ -1,0 +1,65 @@
+"""This rank's place in the job: roles, transports (with emulated links), threads, straggler sleeps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from psframework import environment
+from psframework.codes.threads import set_decode_threads
+from psframework.settings import TransportSettings
+
+
+@dataclass
+class Node:
+    """This rank's roles, its transport to every rank and, on workers that relay, the worker-only transport."""
+
+    roles: Any
+    transport: Any
+    peers: Optional[Any]
+    settings: TransportSettings
+
+    def emulation(self) -> Optional[Dict[str, float]]:
+        """Return the emulated link settings and how long this rank's sends were held back, or None when off."""
+        hook = self.transport.send_hook
+        if hook is None:
+            return None
+        return {"bandwidth_gbps": self.settings.bandwidth_gbps, "latency_us": self.settings.latency_us,
+                "server_send_delay_s": hook.delayed_s}
+
+
+def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False) -> Node:
+    """Split the job into server and workers, plan threads and open the transports (collective)."""
+    from psframework.comm import Transport, setup_roles
+    from psframework.runtime.emulate import link_emulator
+    from psframework.runtime.threads import configure_threads
+
+    roles = setup_roles(comm)
+    plan = configure_threads(roles.comm, threads=settings.threads or None)
+    if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
+        set_decode_threads(plan.threads)
+
+    def transport(on: Any) -> Any:
+        return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s,
+                         send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us))
+
+    world = transport(roles.comm)
+    worker_peers = transport(roles.workers_comm) if (peers and roles.is_worker) else None
+    return Node(roles, world, worker_peers, settings)
+
+
+def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,
+             keep_moving: Sequence[Callable[[], Any]]) -> float:
+    """Sleep as an injected straggler would and return the delay; messages keep moving meanwhile.
+
+    Only compute is slow: `keep_moving` (progress functions) run between short naps.
+    """
+    def sleep(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while (left := end - time.perf_counter()) > 0:
+            for progress in keep_moving:
+                progress()
+            time.sleep(min(left, 1e-3))
+
+    return stragglers.inject(rank, iteration, compute_s, sleep=sleep)

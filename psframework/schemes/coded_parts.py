@@ -1,0 +1,145 @@
+"""What both coded model-parallel schemes (DEU and naive) share: flat state vectors, shapes, dissemination."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from psframework.codes import Code, SAZDCode, from_bits, make_code, split_blocks, to_bits
+from psframework.models import SplitCNN
+from psframework.schemes.coded_layers import LayerCoding, layer_codings
+from psframework.settings import CodeSettings, Settings
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+def code_of(settings: CodeSettings) -> Code:
+    """Return the erasure code the settings describe."""
+    return make_code(settings.kind, settings.n, settings.k, systematic=settings.systematic, nodes=settings.nodes)
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Return the tensors concatenated into one flat float32 vector."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def unflatten(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> List[torch.Tensor]:
+    """Split a flat vector back into tensors of the given shapes."""
+    out, offset = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        out.append(flat[offset:offset + size].reshape(shape))
+        offset += size
+    if offset != flat.numel():
+        raise ValueError(f"state vector has {flat.numel()} values, expected {offset}")
+    return out
+
+
+def conv_state_tensors(model: SplitCNN, momentum: Optional[List[Dict[str, torch.Tensor]]]) -> List[torch.Tensor]:
+    """Return [W, b, momentum W, momentum b] of every conv layer (zeros for missing momentum)."""
+    out = []
+    for i, block in enumerate(model.conv_blocks):
+        w, b = block.conv.weight.detach(), block.conv.bias.detach()
+        mw = momentum[i]["weight_momentum"] if momentum else torch.zeros_like(w)
+        mb = momentum[i]["bias_momentum"] if momentum else torch.zeros_like(b)
+        out += [w, b, mw, mb]
+    return out
+
+
+def conv_state_shapes(model: SplitCNN) -> List[torch.Size]:
+    """Return the shapes of `conv_state_tensors`."""
+    shapes = []
+    for block in model.conv_blocks:
+        shapes += [block.conv.weight.shape, block.conv.bias.shape] * 2
+    return shapes
+
+
+def worker_state_shapes(codings: List[LayerCoding], code: Code) -> List[torch.Size]:
+    """Return the shapes of a worker's `CodedWorker.state()` tensors (each tensor, then its momentum)."""
+    shapes = []
+    for c in codings:
+        row = torch.Size(c.row_shape(code))
+        shapes += [row, row, torch.Size(row[:1]), torch.Size(row[:1])]
+        if c.has_column_copy:
+            shapes += [torch.Size(c.col_shape(code))] * 2
+    return shapes
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Return max |a - b| relative to max |b|."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+class Dissemination:
+    """Deliver a tensor from the server to every worker: direct, or relayed as SA-coded packets of its bits."""
+
+    def __init__(self, mode: str, code: CodeSettings):
+        # Relay codes raw bits with wrap-around arithmetic, which only SA codes can do bit-exactly.
+        self.code = SAZDCode(code.n, code.k, systematic=code.systematic) if mode == "relay" else None
+        self.n, self.k = code.n, code.k
+
+    @property
+    def relayed(self) -> bool:
+        """Return whether workers exchange packets among themselves."""
+        return self.code is not None
+
+    def packets(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """Return what the server sends to each worker (the tensor, or packet j of its bits)."""
+        x = x.detach().contiguous()
+        if self.code is None:
+            return [x] * self.n
+        bits = to_bits(x).reshape(-1)
+        return [p.contiguous() for p in self.code.encode(split_blocks(bits, self.k), axis=0)]
+
+    def delivered(self, numel: int) -> int:
+        """Return how many elements the server sends each worker for a tensor of `numel` elements."""
+        return self.code.packet_length(-(-numel // self.k), 1) if self.code is not None else numel
+
+    def restore(self, packets: Dict[int, torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Decode the tensor bit-exactly from k packets."""
+        numel = int(np.prod(shape))
+        bits = self.code.decode_joined(packets, axis=0, length=numel)
+        return from_bits(bits.contiguous(), dtype).reshape(shape)
+
+
+def activation_shapes(model: SplitCNN, batch: int) -> Dict[tuple, tuple]:
+    """Return the shape of each conv layer's input (forward) and output gradient (backward)."""
+    shapes = {}
+    x = torch.zeros(batch, model.in_channels, model.input_size, model.input_size)
+    with torch.no_grad():
+        for layer, block in enumerate(model.conv_blocks):
+            shapes[(FORWARD, layer)] = tuple(x.shape)
+            y = block.conv(x)
+            shapes[(BACKWARD, layer)] = tuple(y.shape)
+            x = block.post(y)
+    return shapes
+
+
+def expected_server_bytes(settings: Settings, model: SplitCNN) -> Tuple[int, int]:
+    """Return the payload bytes rank 0 sends and receives per iteration of sazd, poly or uncoded: (sent, received).
+
+    Per conv layer: the input to every worker (a whole tensor, or with relay one packet of its bits)
+    and every worker's row-coded output; backward, the output gradient to every worker (the first
+    layer: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
+    is counted, also those that come after the first k (they are received, then dropped).
+    """
+    code = code_of(settings.code)
+    n, batch = code.n, settings.data.batch_size
+    codings = layer_codings(model, code.k, settings.code.symbol_size)
+    shapes = activation_shapes(model, batch)
+    dissemination = Dissemination(settings.transport.dissemination, settings.code)
+    sent = received = 0
+    for layer, c in enumerate(codings):
+        x, y = shapes[(FORWARD, layer)], shapes[(BACKWARD, layer)]
+        rows = batch * c.packet_channels(code, c.out_channels) * y[2] * y[3]
+        sent += n * dissemination.delivered(math.prod(x))
+        received += n * rows
+        if c.has_column_copy:
+            sent += n * dissemination.delivered(math.prod(y))
+            received += n * batch * c.packet_channels(code, c.in_channels) * x[2] * x[3]
+        else:
+            sent += n * rows
+    return 4 * sent, 4 * received

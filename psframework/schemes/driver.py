@@ -1,0 +1,279 @@
+"""The one training driver: iteration plan, schedule, evaluation, metrics, checkpoints and summary.
+
+A scheme supplies one training step on each side (`ServerSide.step` on rank 0 or the single process,
+`WorkerSide.step` on ranks 1..n) and a state hook (`state_dict` / `load_state_dict`); the driver
+does everything around the steps, the same way for every scheme. Both sides walk the same plan, so a
+worker always knows which iteration, synchronisation or stop comes next.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+
+from psframework.data import Dataset, num_batches
+from psframework.metrics import Progress, RunRecorder
+from psframework.models import SplitCNN
+from psframework.schemes.checkpoint import load_checkpoint, save_checkpoint
+from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
+from psframework.settings import Settings
+
+STEP, SYNC, STOP = "step", "sync", "stop"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a run evaluates, checkpoints, verifies and synchronises, from its length and settings."""
+
+    start: int  # iterations already done (a resumed run continues after them)
+    total: int
+    per_epoch: int
+    eval_every: int = 0
+    verify_every: int = 0
+    checkpoint_every: int = 0
+    lr_schedule: str = "constant"
+
+    def evaluates(self, iteration: int) -> bool:
+        """Return whether the model is evaluated after this iteration (default: at every epoch's end)."""
+        if iteration == self.total:
+            return True
+        return iteration % (self.eval_every or self.per_epoch) == 0
+
+    def checkpoints(self, iteration: int) -> bool:
+        """Return whether a checkpoint is written after this iteration (always after the last)."""
+        return iteration == self.total or bool(self.checkpoint_every and iteration % self.checkpoint_every == 0)
+
+    def verifies(self, iteration: int) -> bool:
+        """Return whether coded weights are decoded twice and compared after this iteration."""
+        return bool(self.verify_every and iteration % self.verify_every == 0)
+
+    def syncs(self, iteration: int) -> bool:
+        """Return whether rank 0 needs the current model after this iteration."""
+        return self.evaluates(iteration) or self.checkpoints(iteration) or self.verifies(iteration)
+
+    def lr_factor(self, iteration: int) -> float:
+        """Return the learning-rate multiplier of an iteration."""
+        return lr_factor(self.lr_schedule, iteration, self.total)
+
+
+def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Schedule:
+    """Return the schedule of a run over `num_samples` training samples."""
+    run, data = settings.run, settings.data
+    per_epoch = num_batches(num_samples, data.batch_size, data.drop_last)
+    if per_epoch == 0:
+        from psframework.config import ConfigError
+
+        raise ConfigError(f"data.batch_size: got {data.batch_size}, larger than the {num_samples} training samples")
+    total = per_epoch * run.epochs
+    total = min(total, run.max_iterations) if run.max_iterations else total
+    return Schedule(start, total, per_epoch, run.eval_every, run.verify_every, run.checkpoint_every,
+                    settings.optim.schedule)
+
+
+def steps(settings: Settings, num_samples: int, schedule: Schedule) -> Iterator[Step]:
+    """Yield the run's remaining iterations in the order fixed by `data.seed`."""
+    return iteration_plan(settings.data, num_samples, schedule.start, schedule.total)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the plan both sides follow: a training step, a synchronisation, or the stop."""
+
+    kind: str
+    iteration: int
+    step: Optional[Step] = None
+
+
+def events(settings: Settings, num_samples: int, schedule: Schedule, with_syncs: bool) -> Iterator[Event]:
+    """Yield the plan of a run: every step, then (if the scheme synchronises) its sync, then the stop."""
+    for step in steps(settings, num_samples, schedule):
+        yield Event(STEP, step.iteration, step)
+        if with_syncs and schedule.syncs(step.iteration):
+            yield Event(SYNC, step.iteration)
+    yield Event(STOP, schedule.total)
+
+
+@dataclass
+class Problem:
+    """What rank 0 trains on: the dataset and the model."""
+
+    dataset: Dataset
+    model: SplitCNN
+
+
+@dataclass
+class StepResult:
+    """One iteration's outcome: the loss, the timed parts (seconds) and other per-iteration fields."""
+
+    loss: float
+    timings: Dict[str, float] = field(default_factory=dict)
+    fields: Dict[str, Any] = field(default_factory=dict)
+
+
+class ServerSide(ABC):
+    """Rank 0's part of a scheme (or the whole of a single-process scheme)."""
+
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
+        self.settings, self.problem, self.link = settings, problem, link
+        self.model = problem.model
+        self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
+
+    def describe(self) -> str:
+        """Return what the start-up line says about the scheme."""
+        return ""
+
+    def start(self, schedule: Schedule) -> None:
+        """Begin the run (workers get their initial state here)."""
+
+    @abstractmethod
+    def step(self, step: Step) -> StepResult:
+        """Run one training iteration on the global batch of `step`."""
+
+    def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
+        """Bring rank 0's model up to date; return fields for the iteration's metrics."""
+        return {}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the scheme's state for a checkpoint (besides the model)."""
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the scheme's state from a checkpoint."""
+        for opt, saved in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(saved)
+
+    def finish(self) -> Dict[str, Any]:
+        """End the run (workers stop here); return the scheme's summary fields."""
+        return {}
+
+
+class WorkerSide(ABC):
+    """A worker's part of a scheme (ranks 1..n)."""
+
+    with_syncs = False  # whether rank 0's synchronisations involve the workers
+
+    def __init__(self, settings: Settings, link: Any) -> None:
+        self.settings, self.link = settings, link
+
+    def start(self, schedule: Schedule) -> None:
+        """Begin the run (receive the initial state here)."""
+
+    @abstractmethod
+    def step(self, step: Step, after: Event) -> None:
+        """Run this worker's part of one iteration; `after` is what comes next in the plan."""
+
+    def sync(self, iteration: int) -> None:
+        """Answer rank 0's synchronisation after an iteration."""
+
+
+def resume(settings: Settings, side: ServerSide) -> int:
+    """Restore the model and the scheme's state from `train.resume`; return the iteration it holds."""
+    if not settings.run.resume:
+        return 0
+    iteration, state = load_checkpoint(settings.run.resume, side.model)
+    side.load_state_dict(state)
+    return iteration
+
+
+def run_server(settings: Settings, side: ServerSide, world_size: int = 1) -> Dict[str, Any]:
+    """Train as rank 0 (or the single process); write the run directory and return the summary."""
+    problem, run = side.problem, settings.run
+    num_train = len(problem.dataset.train)
+    schedule = make_schedule(settings, num_train, resume(settings, side))
+    if side.link is not None:
+        side.link.announce((schedule.start, num_train))
+    side.start(schedule)
+    recorder = RunRecorder(run.run_dir, settings.config_yaml)
+    progress = Progress(schedule.total - schedule.start, run.progress)
+    progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {problem.model.name}, dataset "
+                     f"{problem.dataset.name} ({num_train} train / {len(problem.dataset.test)} test), "
+                     f"iterations {schedule.start + 1}..{schedule.total}")
+    final: Dict[str, Any] = {"final_test_accuracy": None, "final_test_loss": None}
+    problem.model.train()
+    for step in steps(settings, num_train, schedule):
+        scale_lr(side.optimizers, schedule.lr_factor(step.iteration))
+        loss = train_step(side, step, recorder)
+        extra = after_step(settings, side, schedule, step.iteration, recorder, final)
+        progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
+    summary = recorder.finish(summary_fields(settings, side, schedule, recorder, world_size, final))
+    progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
+                     f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {run.run_dir}")
+    return summary
+
+
+def train_step(side: ServerSide, step: Step, recorder: RunRecorder) -> float:
+    """Run one step, time it and log its metrics row; return the loss."""
+    t0 = time.perf_counter()
+    result = side.step(step)
+    iteration_s = time.perf_counter() - t0
+    row = {"iteration": step.iteration, "epoch": step.epoch, "batch": step.batch, "loss": result.loss,
+           "iteration_s": iteration_s, "wall_s": recorder.elapsed(), **result.timings}
+    if result.timings:
+        row["compute_s"] = max(0.0, iteration_s - sum(result.timings.values()))
+    row.update(result.fields)
+    recorder.log(row)
+    return result.loss
+
+
+def after_step(settings: Settings, side: ServerSide, schedule: Schedule, iteration: int,
+               recorder: RunRecorder, final: Dict[str, Any]) -> str:
+    """Synchronise, evaluate and checkpoint as the schedule says; return the progress line's extra text."""
+    if not schedule.syncs(iteration):
+        return ""
+    fields = side.sync(iteration, schedule.verifies(iteration))
+    recorder.update_last(**fields)
+    extra = f"verify {fields['verify_max_rel_diff']:.1e} " if "verify_max_rel_diff" in fields else ""
+    if schedule.evaluates(iteration):
+        test = side.problem.dataset.test
+        accuracy, loss = evaluate(side.model, test.images, test.labels, settings.data.test_batch_size)
+        final.update(final_test_accuracy=accuracy, final_test_loss=loss)
+        recorder.update_last(test_accuracy=accuracy, test_loss=loss)
+        extra += f"test acc {accuracy:.4f}"
+    if schedule.checkpoints(iteration):
+        write_checkpoints(settings, side, schedule, iteration)
+    return extra.strip()
+
+
+def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, iteration: int) -> None:
+    """Write checkpoint.pt (the latest) and, at every `train.checkpoint_every`, checkpoint-ITERATION.pt."""
+    state = side.state_dict()
+    run_dir = settings.run.run_dir
+    save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), iteration, side.model, state, settings)
+    if schedule.checkpoint_every and iteration % schedule.checkpoint_every == 0:
+        save_checkpoint(os.path.join(run_dir, f"checkpoint-{iteration}.pt"), iteration, side.model, state, settings)
+
+
+def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, recorder: RunRecorder,
+                   world_size: int, final: Dict[str, Any]) -> Dict[str, Any]:
+    """Return the summary: what every scheme reports, then the scheme's own fields."""
+    code = settings.code
+    fields = {"scheme": settings.run.scheme, "name": settings.run.name, "model": side.model.name,
+              "dataset": side.problem.dataset.name, "world_size": world_size,
+              "n": code.n if world_size > 1 else None, "k": code.k if code.kind else None,
+              "iterations": schedule.total, "start_iteration": schedule.start, **final,
+              "mean_iteration_s": recorder.mean("iteration_s", skip=1)}
+    fields.update(side.finish())
+    if side.link is not None:
+        fields.update(side.link.finish(recorder, schedule.total))
+    return fields
+
+
+def run_worker(settings: Settings, side: WorkerSide) -> None:
+    """Follow rank 0's plan as a worker, from the announced start to the stop."""
+    start, num_train = side.link.announced()
+    schedule = make_schedule(settings, num_train, start)
+    side.start(schedule)
+    plan = events(settings, num_train, schedule, side.with_syncs)
+    event = next(plan)
+    for after in plan:
+        if event.kind == STEP:
+            side.step(event.step, after)
+        else:
+            side.sync(event.iteration)
+        event = after
+    side.link.stop(schedule.total)

@@ -1,0 +1,116 @@
+"""The scheme registry: the one list of training schemes and what each one needs.
+
+An entry names the module that holds a scheme's server and worker sides, the erasure code of its
+conv layers, its analytic byte model and the config rules that follow from how it works. Every
+other list of scheme names (config checks, the command line, benchmarks) derives from here. A new
+scheme is one module plus one `register(Scheme(...))` call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from psframework.config import ConfigError
+
+
+class SchemeError(ConfigError):
+    """A scheme name is unknown or a setting does not fit the scheme."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One training scheme: where its parts live and which settings it accepts."""
+
+    name: str
+    summary: str
+    module: str  # import path of the module with the classes below
+    server: str  # class of rank 0's side (the whole run, for a single-process scheme)
+    worker: Optional[str] = None  # class of ranks 1..n; None: the scheme runs in one process
+    code: Optional[str] = None  # erasure code of the conv layers: a kind of psframework.codes.make_code
+    byte_model: Optional[str] = None  # "module:function" (settings, model) -> (sent, received) bytes per iteration
+    linear_conv_optimizer: bool = False  # workers keep coded weight copies: only a linear step keeps them exact
+    k_equals_n: bool = False  # every worker is needed
+    backup_workers: bool = False  # rank 0 may go on without the b slowest workers
+    shards_batch: bool = False  # each worker computes on its own shard of the global batch
+
+    @property
+    def mpi(self) -> bool:
+        """Return whether the scheme runs under MPI with a server and n workers."""
+        return self.worker is not None
+
+    @property
+    def coded(self) -> bool:
+        """Return whether the scheme codes its conv layers across the workers."""
+        return self.code is not None
+
+    def load(self, attribute: str) -> Any:
+        """Return an attribute (class or function) of the scheme's module, or of "module:attribute"."""
+        module, _, name = attribute.rpartition(":")
+        return getattr(importlib.import_module(module or self.module), name)
+
+    def expected_server_bytes(self, settings: Any, model: Any) -> Optional[Tuple[int, int]]:
+        """Return the analytic (sent, received) payload bytes of rank 0 per iteration, or None without a model."""
+        return None if self.byte_model is None else self.load(self.byte_model)(settings, model)
+
+    def world_size(self, n: int) -> int:
+        """Return how many MPI processes the scheme needs for n workers."""
+        return n + 1 if self.mpi else 1
+
+    def check_world(self, n: int, world_size: int) -> None:
+        """Raise SchemeError unless the communicator's size fits n workers."""
+        want = self.world_size(n)
+        if world_size == want:
+            return
+        if not self.mpi:
+            raise SchemeError(f"world size {world_size}: scheme {self.name} runs in one process, "
+                              f"not under mpiexec -n {world_size}")
+        other = f" or set code.n={world_size - 1}" if world_size > 1 else ""
+        raise SchemeError(f"world size {world_size} does not fit code.n={n}: scheme {self.name} needs n+1 = {want} "
+                          f"ranks (1 server + {n} workers); launch with mpiexec -n {want}{other}")
+
+
+_REGISTRY: Dict[str, Scheme] = {}
+
+
+def register(scheme: Scheme) -> Scheme:
+    """Add a scheme to the registry (or replace one of the same name); return it."""
+    _REGISTRY[scheme.name] = scheme
+    return scheme
+
+
+def scheme_names() -> Tuple[str, ...]:
+    """Return the names of every registered scheme, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_scheme(name: str) -> Scheme:
+    """Return the registered scheme called `name`; SchemeError with a did-you-mean otherwise."""
+    scheme = _REGISTRY.get(name)
+    if scheme is None:
+        import difflib
+
+        hint = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise SchemeError(f"scheme: got {name!r}, expected one of {', '.join(_REGISTRY)}{extra}")
+    return scheme
+
+
+_CODED = dict(module="psframework.schemes.coded", server="CodedServerSide", worker="CodedWorkerSide",
+              byte_model="psframework.schemes.coded_parts:expected_server_bytes", linear_conv_optimizer=True)
+_PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True)
+
+register(Scheme("reference", "one process, whole model: the correctness oracle",
+                "psframework.schemes.reference", "ReferenceTrainer"))
+register(Scheme("ps", "parameter server: whole model replicated on the workers, data parallel",
+                "psframework.schemes.ps", "PSServer", "PSWorker", **_PARALLEL))
+register(Scheme("stanza", "layer separation: conv stack on the workers (data parallel), FC head on rank 0",
+                "psframework.schemes.stanza", "StanzaServer", "StanzaWorker", **_PARALLEL))
+register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
+                code="shift-add", **_CODED))
+register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",
+                "psframework.schemes.sazd_naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add"))
+register(Scheme("poly", "polynomial (real Vandermonde) coded conv layers; any k of n", code="polynomial", **_CODED))
+register(Scheme("uncoded", "plain model parallel conv layers; every worker needed", code="split",
+                k_equals_n=True, **_CODED))

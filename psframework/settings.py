@@ -1,0 +1,122 @@
+"""The one settings boundary: a checked Config becomes small typed settings objects.
+
+Everything below the command line (schemes, driver, codes, comm, runtime) works from these objects,
+never from the Config itself. `code.n` is checked against the communicator here, once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from psframework.config import Config, ConfigError, DataConfig, ModelConfig, dump_config
+from psframework.runtime.stragglers import StragglerSpec
+
+
+@dataclass(frozen=True)
+class CodeSettings:
+    """The erasure code of a scheme's conv layers and how the server chooses replies."""
+
+    kind: Optional[str]  # a kind of psframework.codes.make_code, or None for schemes without a code
+    n: int
+    k: int
+    systematic: bool = True
+    symbol_size: int = 1
+    nodes: str = "chebyshev"
+    subsets: str = "first"  # "first": decode from the first k replies; "rotate": every k-subset in turn
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """How ranks move tensors: watchdog, CUDA-awareness, threads, emulated links, dissemination."""
+
+    timeout_s: float = 120.0
+    cuda_aware: str = "auto"
+    threads: int = 0
+    bandwidth_gbps: Optional[float] = None
+    latency_us: float = 0.0
+    dissemination: str = "direct"
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """Optimizers of the conv layers and of the head, and the learning-rate schedule."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.02
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    head_optimizer: Optional[str] = None
+    head_lr: Optional[float] = None
+    schedule: str = "constant"
+    seed: int = 0  # model initialisation and dropout
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the training driver does around the steps: length, evaluation, checkpoints, outputs."""
+
+    scheme: str
+    name: str
+    run_dir: str
+    epochs: int
+    max_iterations: Optional[int]
+    eval_every: int  # 0: at the end of every epoch
+    verify_every: int  # 0: never
+    checkpoint_every: int  # 0: only at the end
+    resume: Optional[str]
+    backup_workers: int
+    progress: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one run, grouped by the part of the system that uses it."""
+
+    run: RunSettings
+    code: CodeSettings
+    transport: TransportSettings
+    stragglers: StragglerSpec
+    optim: OptimSettings
+    data: DataConfig
+    model: ModelConfig
+    device: str
+    config: Dict[str, Any]  # the resolved config, recorded in checkpoints
+    config_yaml: str  # the resolved config, written to the run directory
+
+
+def code_settings(cfg: Config) -> CodeSettings:
+    """Return the code settings of a config (kind from the scheme registry)."""
+    from psframework.schemes.registry import get_scheme
+
+    c = cfg.code
+    return CodeSettings(get_scheme(cfg.scheme).code, c.n, c.k, c.systematic, c.symbol_channels, c.nodes, c.subsets)
+
+
+def straggler_spec(cfg: Config) -> StragglerSpec:
+    """Return the straggler model; its own checks become one config error line."""
+    s = cfg.stragglers
+    try:
+        return StragglerSpec(s.model, tuple(s.ranks), s.factor, s.seed, s.count, s.shape)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
+    """Turn a validated Config into Settings; check n against the communicator's size if given."""
+    from psframework.schemes.registry import get_scheme
+
+    if world_size is not None:
+        get_scheme(cfg.scheme).check_world(cfg.code.n, world_size)
+    t, c = cfg.train, cfg.comm
+    run = RunSettings(cfg.scheme, cfg.name, os.path.join(cfg.output.dir, cfg.name), t.epochs, t.max_iterations,
+                      t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
+                      cfg.output.progress)
+    transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
+                                  c.emulate.latency_us, c.dissemination)
+    optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
+                          t.lr_schedule, t.seed)
+    return Settings(run, code_settings(cfg), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
+                    cfg.device, cfg.to_dict(), dump_config(cfg))

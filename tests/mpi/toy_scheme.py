@@ -1,0 +1,77 @@
+"""A scheme added from outside the package: data-parallel gradient averaging in a few lines.
+
+It uses only the public pieces: the driver's ServerSide/WorkerSide, the round layer (ServerRounds,
+WorkerRounds, Msg) and the registry. Run it like `psf`:
+    mpiexec -n 3 python -m mpi4py tests/mpi/toy_scheme.py train CONFIG scheme=toy-average ...
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from psframework.cli import main
+from psframework.comm.rounds import Msg
+from psframework.data import shard, shard_bounds
+from psframework.schemes import Scheme, register
+from psframework.schemes.common import build_problem, conv_optimizer
+from psframework.schemes.driver import ServerSide, StepResult, WorkerSide
+
+
+def as_vector(tensors):
+    """Return the tensors as one flat vector."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+class AverageServer(ServerSide):
+    """Rank 0: send the parameters, average the workers' gradients weighted by their shard sizes, step."""
+
+    def __init__(self, settings, problem, link):
+        super().__init__(settings, problem, link)
+        self.optimizers = [conv_optimizer(settings.optim, list(self.model.parameters()))]
+
+    def step(self, step):
+        params = list(self.model.parameters())
+        replies = self.link.round(as_vector(params), Msg.params(step.iteration), Msg.grads(step.iteration),
+                                  need=self.link.n)
+        bounds = shard_bounds(len(step.indices), self.link.n)
+        total = torch.zeros_like(replies.data[0])
+        for j in sorted(replies.data):
+            total += replies.data[j] * ((bounds[j + 1] - bounds[j]) / len(step.indices))
+        offset = 0
+        for p in params:
+            p.grad = total[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        self.optimizers[0].step()
+        return StepResult(float(total[-1]))
+
+
+class AverageWorker(WorkerSide):
+    """Worker j: load the parameters, compute the gradient of the mean loss on its shard, reply."""
+
+    def __init__(self, settings, link):
+        super().__init__(settings, link)
+        self.dataset, self.model = build_problem(settings)
+
+    def step(self, step, after):
+        params = self.link.take(Msg.params(step.iteration))
+        offset = 0
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.copy_(params[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        index = torch.from_numpy(shard(step.indices, self.link.index, len(self.link.workers)))
+        self.model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(self.dataset.train.images[index]), self.dataset.train.labels[index])
+        loss.backward()
+        grads = as_vector([p.grad for p in self.model.parameters()] + [loss.reshape(1)])
+        self.link.reply(grads, Msg.grads(step.iteration))
+
+
+register(Scheme("toy-average", "data-parallel gradient averaging", __name__,
+                "AverageServer", "AverageWorker", shards_batch=True))
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

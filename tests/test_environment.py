@@ -1,0 +1,71 @@
+"""The environment module: typed accessors, their errors, and the runtime package's MPI-free import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from mpiutil import ROOT, describe
+
+from psframework import environment
+
+
+def test_unset_and_empty_variables_are_not_given():
+    assert environment.poll_sleep_s({}) is None
+    assert environment.poll_sleep_s({"PSF_POLL_SLEEP_S": " "}) is None
+    assert environment.decode_threads({"PSF_DECODE_THREADS": ""}) is None
+    assert environment.local_rank_vars({}) is None and environment.local_size_vars({}) is None
+    assert environment.cpus_on_node({}) is None and environment.cuda_visible_devices({}) == ""
+
+
+def test_values_are_read_with_their_types():
+    assert environment.poll_sleep_s({"PSF_POLL_SLEEP_S": "0.002"}) == 0.002
+    assert environment.decode_threads({"PSF_DECODE_THREADS": " 3 "}) == 3
+    assert environment.cpus_on_node({"SLURM_CPUS_ON_NODE": "64"}) == 64
+    assert environment.cuda_visible_devices({"CUDA_VISIBLE_DEVICES": "1,0"}) == "1,0"
+
+
+@pytest.mark.parametrize("read, name, raw, expected", [
+    (environment.poll_sleep_s, "PSF_POLL_SLEEP_S", "soon", "a number >= 0"),
+    (environment.poll_sleep_s, "PSF_POLL_SLEEP_S", "-1", "a number >= 0"),
+    (environment.poll_sleep_s, "PSF_POLL_SLEEP_S", "nan", "a number >= 0"),
+    (environment.decode_threads, "PSF_DECODE_THREADS", "0", "an integer >= 1"),
+    (environment.decode_threads, "PSF_DECODE_THREADS", "2.5", "an integer >= 1"),
+    (environment.cpus_on_node, "SLURM_CPUS_ON_NODE", "-4", "an integer >= 0"),
+])
+def test_bad_values_name_the_variable_the_value_and_what_is_expected(read, name, raw, expected):
+    with pytest.raises(ValueError) as error:
+        read({name: raw})
+    assert str(error.value) == f"environment variable {name}: got {raw!r}, expected {expected}"
+
+
+def test_a_launcher_is_recognised_unless_psf_no_mpi_is_set():
+    assert not environment.launched_by_mpi({})
+    assert environment.launched_by_mpi({"PMI_RANK": "0"})
+    assert environment.launched_by_mpi({"SLURM_STEP_ID": "3"})
+    assert not environment.launched_by_mpi({"PMI_RANK": "0", "PSF_NO_MPI": "1"})
+
+
+def test_local_sizes_come_from_the_launcher_then_slurm():
+    assert environment.local_size_vars({"MPI_LOCALNRANKS": "4"}) == (4, "MPI_LOCALNRANKS")
+    assert environment.local_size_vars({"MPI_LOCALNRANKS": "0"}) is None
+    slurm = {"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1", "SLURM_NODEID": "2"}
+    assert environment.local_size_vars(slurm) == (1, "SLURM_STEP_TASKS_PER_NODE")
+
+
+def test_thread_counts_are_exported_and_children_get_a_copy():
+    target = {"OMP_NUM_THREADS": "8"}
+    environment.export_threads(2, target)
+    assert target == dict.fromkeys(environment.THREAD_VARIABLES, "2")
+    child = environment.child_environment(target)
+    child["OMP_NUM_THREADS"] = "5"
+    assert target["OMP_NUM_THREADS"] == "2"
+
+
+def test_runtime_and_environment_import_without_mpi():
+    code = ("import sys; import psframework.runtime, psframework.environment, psframework.comm; "
+            "assert 'mpi4py' not in sys.modules, 'mpi4py imported'; print(psframework.runtime.Stragglers.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == "psframework.runtime.stragglers"

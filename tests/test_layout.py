@@ -1,0 +1,78 @@
+"""The package's layout rules: what may import what, one list of schemes, short functions."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+
+from psframework.schemes import scheme_names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "psframework")
+MAX_FUNCTION_LINES = 60
+
+
+def python_files(folder: str = PACKAGE):
+    for base, _, names in os.walk(folder):
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield os.path.join(base, name)
+
+
+def source(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+@pytest.mark.parametrize("package", ["codes", "comm"])
+def test_codes_and_comm_never_see_the_config(package):
+    for path in python_files(os.path.join(PACKAGE, package)):
+        assert "Config" not in source(path), f"{path} mentions Config"
+        assert "psframework.settings" not in source(path), f"{path} imports the settings"
+
+
+def test_scheme_names_are_written_only_in_the_registry():
+    names = [n for n in scheme_names() if n != "reference"]
+    pattern = re.compile("|".join(f"[\"']{re.escape(n)}[\"']" for n in names))
+    registry = os.path.join(PACKAGE, "schemes", "registry.py")
+    offenders = [os.path.relpath(p, ROOT) for p in python_files() if p != registry and pattern.search(source(p))]
+    assert not offenders, f"scheme names written outside the registry: {offenders}"
+
+
+def test_no_function_is_longer_than_60_lines_outside_report_rendering():
+    long = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(source(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("render"):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+def test_the_registry_lists_every_scheme_with_loadable_sides():
+    from psframework.schemes import get_scheme
+
+    assert set(scheme_names()) >= {"reference", "ps", "stanza", "sazd", "sazd-naive", "poly", "uncoded"}
+    for name in scheme_names():
+        scheme = get_scheme(name)
+        assert scheme.load(scheme.server) is not None
+        assert (scheme.worker is None) == (not scheme.mpi)
+        if scheme.worker:
+            assert scheme.load(scheme.worker) is not None
+        if scheme.byte_model:
+            assert callable(scheme.load(scheme.byte_model))
+
+
+def test_the_readme_example_scheme_is_the_tested_one():
+    readme = source(os.path.join(ROOT, "README.md"))
+    section = readme.split("## Adding a scheme", 1)[1]
+    example = section.split("```python", 1)[1].split("```", 1)[0]
+    toy = {line.strip() for line in source(os.path.join(ROOT, "tests", "mpi", "toy_scheme.py")).splitlines()}
+    shown = [line.split("  #")[0].strip() for line in example.splitlines()]
+    missing = [line for line in shown if line and line != "..." and not line.startswith(("...", "#"))
+               and line not in toy]
+    assert not missing, f"README lines not in tests/mpi/toy_scheme.py: {missing}"
