@@ -214,7 +214,7 @@ def test_every_config_the_templates_and_readme_name_exists():
     missing = []
     for path in files:
         for name in set(re.findall(r"[\w./-]+\.ya?ml\b", read(path))) - NOT_CONFIGS:
-            where = name if name.startswith("configs/") else os.path.join("configs", name)
+            where = name if "/" in name else os.path.join("configs", name)  # a bare name is a config
             if not os.path.isfile(os.path.join(ROOT, where)):
                 missing.append(f"{path}: {name}")
     assert not missing, missing
