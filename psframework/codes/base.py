@@ -63,13 +63,17 @@ class Code(ABC):
         """Return the length along the axis of the blocks coded in packets of `packet_length` elements."""
         packet_length = check_int(packet_length, "packet length", 1)
         symbol_size = check_int(symbol_size, "symbol_size", 1)
+        return self._block_symbols(packet_length, symbol_size, "") * symbol_size
+
+    def _block_symbols(self, packet_length: int, symbol_size: int, where: str) -> int:
+        """Return the symbols per block of packets `packet_length` long; ValueError if no block fits."""
         if packet_length % symbol_size:
-            raise ValueError(f"packet length {packet_length} is not a multiple of symbol_size {symbol_size}")
+            raise ValueError(f"packet length {packet_length}{where} is not a multiple of symbol_size {symbol_size}")
         symbols = packet_length // symbol_size - self.padding
         if symbols < 1:
-            raise ValueError(f"packet length {packet_length} is too short: packets of this code are "
+            raise ValueError(f"packet length {packet_length}{where} is too short: packets of this code are "
                              f"{self.padding} symbols of {symbol_size} longer than a non-empty block")
-        return symbols * symbol_size
+        return symbols
 
     def choose_packets(self, available: Iterable[int]) -> Tuple[int, ...]:
         """Return the k packet indices that `decode` uses when the packets in `available` have arrived."""
@@ -156,13 +160,7 @@ class Code(ABC):
             raise ValueError("packets must have at least one dimension, got 0-dimensional arrays")
         axis = check_axis(axis, ndim)
         symbol_size = check_int(symbol_size, "symbol_size", 1)
-        length = arrays[0].shape[axis]
-        if length % symbol_size:
-            raise ValueError(f"packet length {length} along axis {axis} is not a multiple of symbol_size {symbol_size}")
-        symbols = length // symbol_size - self.padding
-        if symbols < 1:
-            raise ValueError(f"packet length {length} along axis {axis} is too short: packets of this code are "
-                             f"{self.padding} symbols of {symbol_size} longer than a non-empty block")
+        symbols = self._block_symbols(arrays[0].shape[axis], symbol_size, f" along axis {axis}")
         return backend, {i: backend.prepare(a) for i, a in zip(indices, arrays)}, axis, symbols
 
     def __repr__(self) -> str:
