@@ -85,11 +85,11 @@ class CodeConfig:
 @dataclass
 class StragglerConfig:
     model: Literal["none", "fixed", "random", "exponential", "pareto"] = "none"
-    ranks: List[int] = field(default_factory=list)
     factor: float = 1.0
     seed: int = 0
     count: int = 1
     shape: float = 1.5
+    ranks: List[int] = field(default_factory=list)
 
 
 @dataclass
