@@ -386,6 +386,6 @@ def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Co
     return validate(cfg)
 
 
-def dump_config(cfg: Config) -> str:
-    """Return the resolved configuration as YAML text."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+def dump_config(cfg: Union[Config, Mapping[str, Any]]) -> str:
+    """Return the resolved configuration (or its nested dictionaries) as YAML text."""
+    return yaml.safe_dump(cfg.to_dict() if isinstance(cfg, Config) else dict(cfg), sort_keys=False)

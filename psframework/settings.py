@@ -6,7 +6,6 @@ never from the Config itself. `code.n` is checked against the communicator here,
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -83,8 +82,12 @@ class Settings:
     data: DataConfig
     model: ModelConfig
     device: str
-    config: Dict[str, Any]  # the resolved config, recorded in checkpoints
-    config_yaml: str  # the resolved config, written to the run directory
+    config: Dict[str, Any]  # the resolved config, recorded in checkpoints and the run directory
+
+    @property
+    def config_yaml(self) -> str:
+        """Return the resolved config as the YAML text the run directory keeps."""
+        return dump_config(self.config)
 
 
 def code_settings(cfg: Config) -> CodeSettings:
@@ -111,7 +114,7 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
     if world_size is not None:
         get_scheme(cfg.scheme).check_world(cfg.code.n, world_size)
     t, c = cfg.train, cfg.comm
-    run = RunSettings(cfg.scheme, cfg.name, os.path.join(cfg.output.dir, cfg.name), t.epochs, t.max_iterations,
+    run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
                       cfg.output.progress)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
@@ -119,4 +122,4 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
                           t.lr_schedule, t.seed)
     return Settings(run, code_settings(cfg), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
-                    cfg.device, cfg.to_dict(), dump_config(cfg))
+                    cfg.device, cfg.to_dict())

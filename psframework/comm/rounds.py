@@ -107,6 +107,7 @@ class ServerRounds:
         self.transport = transport
         self.workers = list(workers)
         self.n = len(self.workers)
+        self._index = {rank: j for j, rank in enumerate(self.workers)}
         self.roles, self.emulation = roles, emulation
         self.clock = RoundClock()
         self.subsets: Optional[Iterator[tuple]] = None
@@ -117,7 +118,7 @@ class ServerRounds:
 
     def index(self, rank: int) -> int:
         """Return the packet index of a worker rank."""
-        return self.workers.index(rank)
+        return self._index[rank]
 
     def announce(self, values: Any) -> None:
         """Tell every worker where the run starts (a collective broadcast)."""
@@ -165,17 +166,11 @@ class ServerRounds:
         self.clock.used.append(sorted(chosen))
         return Replies({self.index(r): result.data[r] for r in chosen}, sorted(chosen))
 
-    def round(self, payloads: Any, envelope: Envelope, reply: Envelope, need: int) -> Replies:
-        """Send to every worker and return the first `need` replies."""
+    def round(self, payloads: Any, envelope: Envelope, reply: Envelope, need: int, rotate: bool = True) -> Replies:
+        """Send to every worker and return the first `need` replies (`rotate`: as `collect`)."""
         gather = self.expect(reply)
         self.send(payloads, envelope)
-        return self.collect(gather, need)
-
-    def gather(self, payload: Any, envelope: Envelope, reply: Envelope, need: int) -> Replies:
-        """Send one tensor to every worker and return the first `need` replies, whichever they are."""
-        gather = self.expect(reply)
-        self.send(payload, envelope)
-        return self.collect(gather, need, rotate=False)
+        return self.collect(gather, need, rotate)
 
     def finish(self, recorder: Any, total: int) -> Dict[str, Any]:
         """Stop the workers, close the transport and return the summary's communication fields."""

@@ -164,7 +164,7 @@ class SendHandle:
 
     def wait(self, timeout_s: Any = DEFAULT) -> None:
         """Block until the message has left, serving other receives meanwhile; watchdog-bounded."""
-        self._transport._wait_send(self, self._transport._timeout(timeout_s))
+        self._transport._wait_send(self, self._transport.resolve_timeout(timeout_s))
 
     def _finish(self) -> None:
         if self._wire is not None:
@@ -195,7 +195,7 @@ class Gather:
         k = n if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
             raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (the number of sources)")
-        timeout = self.transport._timeout(timeout_s)
+        timeout = self.transport.resolve_timeout(timeout_s)
         start = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         slots = list(self._slots.values())
@@ -332,7 +332,7 @@ class Transport:
         if self._live or self._sends:
             self.progress()
         slot = self._open_slot(source, envelope, out, info)
-        return self._wait_slot(slot, self._timeout(timeout_s))
+        return self._wait_slot(slot, self.resolve_timeout(timeout_s))
 
     def _wait_slot(self, slot: _Slot, timeout: Optional[float]) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -552,10 +552,6 @@ class Transport:
         """Count a payload that came in."""
         self.stats.received_bytes += nbytes
 
-    def resolve_timeout(self, value: Any = DEFAULT) -> Optional[float]:
-        """Return the watchdog timeout a wait uses: `value`, or the transport's when DEFAULT."""
-        return self._timeout(value)
-
     # -- progress, waiting and draining ---------------------------------------------------------
     def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float]) -> Optional[List[int]]:
         backoff = Backoff(self.poll_sleep_s)
@@ -645,7 +641,8 @@ class Transport:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
             raise ValueError(f"{what}: got {rank!r}, expected a rank in 0..{self.size - 1}")
 
-    def _timeout(self, value: Any) -> Optional[float]:
+    def resolve_timeout(self, value: Any = DEFAULT) -> Optional[float]:
+        """Return the watchdog timeout a wait uses: `value`, or the transport's when DEFAULT."""
         return self.timeout_s if value is DEFAULT else self._check_timeout(value)
 
     @staticmethod

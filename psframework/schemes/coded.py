@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -59,9 +60,9 @@ class CodedServerBase(ServerSide):
         """Return rank 0's optimizers of the conv layers (none where the workers update them)."""
         return []
 
+    @abstractmethod
     def payloads(self, kind: str, layer: int, x: torch.Tensor) -> Payloads:
         """Return what each worker gets for a command, and a second tensor per worker or None."""
-        raise NotImplementedError
 
     def describe(self) -> str:
         return f", {self.code!r}, dissemination {self.settings.transport.dissemination}"
@@ -120,8 +121,8 @@ class CodedServerSide(CodedServerBase):
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights (and momentum) from k workers' state into rank 0's model."""
         verify = verify and self.n > self.k
-        states = self.link.gather(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration),
-                                  self.k + 1 if verify else self.k)
+        states = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration),
+                                 self.k + 1 if verify else self.k, rotate=False)
         shapes = worker_state_shapes(self.codings, self.code)
         per_worker = {j: unflatten(s, shapes) for j, s in states.data.items()}
         layers = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), self.k)))
@@ -170,10 +171,11 @@ class CodedWorkerBase(WorkerSide):
         self.shapes = activation_shapes(self.model, settings.data.batch_size)
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.workers)
+        self.order = self.command_order()
         self.schedule: Optional[Schedule] = None
 
-    def commands(self, iteration: int) -> List[Tuple[str, int]]:
-        """Return the (kind, layer) commands of one iteration, in the order the server sends them."""
+    def command_order(self) -> List[Tuple[str, int]]:
+        """Return the (kind, layer) commands of every iteration, in the order the server sends them."""
         layers = len(self.codings)
         backward = range(layers - 1, self.first_backward - 1, -1)
         return [(FORWARD, layer) for layer in range(layers)] + [(BACKWARD, layer) for layer in backward]
@@ -184,21 +186,17 @@ class CodedWorkerBase(WorkerSide):
             return Msg.state(event.iteration)
         if event.kind == STOP:
             return Msg.stop(event.iteration)
-        kind, layer = self.commands(event.iteration)[0]
+        kind, layer = self.order[0]
         return Msg.command(event.iteration, layer, phase_of(kind))
 
     def start(self, schedule: Schedule) -> None:
         self.schedule = schedule
 
     def step(self, step: Step, after: Event) -> None:
-        commands = self.commands(step.iteration)
-        for i, (kind, layer) in enumerate(commands):
-            if i + 1 < len(commands):
-                nxt_kind, nxt_layer = commands[i + 1]
-                nxt = Msg.command(step.iteration, nxt_layer, phase_of(nxt_kind))
-            else:
-                nxt = self.opening(after)
-            self.command(step.iteration, kind, layer, nxt)
+        it = step.iteration
+        following = [Msg.command(it, layer, phase_of(kind)) for kind, layer in self.order[1:]] + [self.opening(after)]
+        for (kind, layer), nxt in zip(self.order, following):
+            self.command(it, kind, layer, nxt)
 
     def command(self, iteration: int, kind: str, layer: int, nxt: Any) -> None:
         """Answer one command: compute and reply unless the next command already waits, then update."""
@@ -245,12 +243,12 @@ class CodedWorkerBase(WorkerSide):
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, self.shapes[(kind, layer)], torch.float32)
 
+    @abstractmethod
     def compute(self, iteration: int, kind: str, layer: int, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
         """Return the reply to a command (None when skipped)."""
-        raise NotImplementedError
 
     def after_reply(self, iteration: int, kind: str, layer: int, x: torch.Tensor) -> None:
-        """Do what a command asks after its reply has left (DEU workers update here)."""
+        """Do what a command asks after its reply has left: nothing by default (DEU workers update here)."""
 
 
 class CodedWorkerSide(CodedWorkerBase):

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-from psframework.comm.rounds import Msg
+from psframework.comm.rounds import Msg, Replies
 from psframework.data import shard, shard_bounds
 from psframework.models import SplitCNN
 from psframework.runtime.stragglers import Stragglers
@@ -82,6 +82,11 @@ class RoundResult:
     used: List[int]  # packet indices of the workers used, ascending
     sizes: Dict[int, int]  # samples of every worker's shard
 
+    def sample_weights(self) -> Dict[int, float]:
+        """Return each used worker's share of the samples used."""
+        samples = sum(self.sizes[j] for j in self.used)
+        return {j: self.sizes[j] / samples for j in self.used}
+
 
 class DataParallelServer(ServerSide):
     """Rank 0 of a data-parallel scheme: the parameter server; `round` is the scheme's own part."""
@@ -101,12 +106,14 @@ class DataParallelServer(ServerSide):
         bounds = shard_bounds(len(step.indices), self.link.n)
         return {j: slice(bounds[j], bounds[j + 1]) for j in range(self.link.n)}
 
+    def result(self, step: Step, replies: Replies) -> RoundResult:
+        """Return a round's result so far: the workers whose replies are used and every shard's size (loss 0)."""
+        sizes = {j: part.stop - part.start for j, part in self.shards(step).items()}
+        return RoundResult(0.0, sorted(replies.indices), sizes)
+
     def keep_running_stats(self, stats: Dict[int, torch.Tensor], result: RoundResult) -> None:
         """Set the model's BatchNorm running statistics to the used workers' mean, weighted by samples."""
-        samples = sum(result.sizes[j] for j in result.used)
-        mean = weighted_sum(stats, {j: result.sizes[j] / samples for j in result.used})
-        with torch.no_grad():
-            assign(running_stats(self.model), mean)
+        assign(running_stats(self.model), weighted_sum(stats, result.sample_weights()))
 
     @abstractmethod
     def round(self, step: Step) -> RoundResult:

@@ -120,15 +120,19 @@ class ServerSide(ABC):
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
         self.settings, self.problem, self.link = settings, problem, link
-        self.model = problem.model
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
+
+    @property
+    def model(self) -> SplitCNN:
+        """Return the model rank 0 trains."""
+        return self.problem.model
 
     def describe(self) -> str:
         """Return what the start-up line says about the scheme."""
         return ""
 
     def start(self, schedule: Schedule) -> None:
-        """Begin the run (workers get their initial state here)."""
+        """Begin the run: nothing by default (a scheme whose workers hold state sends it here)."""
 
     @abstractmethod
     def step(self, step: Step) -> StepResult:
@@ -161,14 +165,14 @@ class WorkerSide(ABC):
         self.settings, self.link = settings, link
 
     def start(self, schedule: Schedule) -> None:
-        """Begin the run (receive the initial state here)."""
+        """Begin the run: nothing by default (a worker that holds state receives it here)."""
 
     @abstractmethod
     def step(self, step: Step, after: Event) -> None:
         """Run this worker's part of one iteration; `after` is what comes next in the plan."""
 
     def sync(self, iteration: int) -> None:
-        """Answer rank 0's synchronisation after an iteration."""
+        """Answer rank 0's synchronisation after an iteration (only called when `with_syncs` is set)."""
 
 
 def resume(settings: Settings, side: ServerSide) -> int:

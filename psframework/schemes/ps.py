@@ -30,11 +30,9 @@ class PSServer(DataParallelServer):
         params = list(self.model.parameters())
         vector = flat(params)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
-        sizes = {j: part.stop - part.start for j, part in self.shards(step).items()}
-        result = RoundResult(0.0, sorted(replies.indices), sizes)
-        samples = sum(sizes[j] for j in result.used)
+        result = self.result(step, replies)
         # Gradients and losses alike: the mean over the samples used.
-        mean = weighted_sum(replies.data, {j: sizes[j] / samples for j in result.used})
+        mean = weighted_sum(replies.data, result.sample_weights())
         count = vector.numel()
         set_grads(params, mean[:count])
         for opt in self.optimizers:

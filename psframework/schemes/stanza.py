@@ -44,7 +44,7 @@ class StanzaServer(DataParallelServer):
         it, conv = step.iteration, self.model.conv_parameters()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
         shards = self.shards(step)
-        result = RoundResult(0.0, sorted(arrived.indices), {j: s.stop - s.start for j, s in shards.items()})
+        result = self.result(step, arrived)
         labels = self.problem.dataset.train.labels[torch.from_numpy(step.indices)]
         x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
         self.head_opt.zero_grad(set_to_none=True)
