@@ -84,8 +84,11 @@ class CodeConfig:
 
 @dataclass
 class StragglerConfig:
-    model: Literal["none", "fixed", "random", "exponential", "pareto"] = "none"
+    model: Literal["none", "fixed", "random", "exponential", "pareto", "freeze"] = "none"
     factor: float = 1.0
+    responsive: bool = False
+    pause_s: float = 0.5
+    duty: float = 0.8
     seed: int = 0
     count: int = 1
     shape: float = 1.5
@@ -104,6 +107,8 @@ class CommConfig:
     cuda_aware: Literal["auto", "true", "false"] = "auto"
     timeout_s: float = 120.0
     threads: int = 0
+    window: int = 4
+    detach_after: int = 2
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
 
 
@@ -326,6 +331,8 @@ def _check_scheme(cfg: Config, scheme: Any) -> None:
 def _check_comm(c: CommConfig) -> None:
     _require(c.timeout_s > 0, f"comm.timeout_s: got {c.timeout_s}, expected a positive number")
     _require(c.threads >= 0, f"comm.threads: got {c.threads}, expected >= 0 (0 = automatic)")
+    _require(1 <= c.window <= 16, f"comm.window: got {c.window}, expected 1..16 messages in flight per worker")
+    _require(c.detach_after >= 1, f"comm.detach_after: got {c.detach_after}, expected >= 1 iterations")
     e = c.emulate
     _require(e.bandwidth_gbps is None or e.bandwidth_gbps > 0,
              f"comm.emulate.bandwidth_gbps: got {e.bandwidth_gbps}, expected a positive number of Gb/s or null (off)")

@@ -103,12 +103,15 @@ def split_tag(tag: int) -> Tuple[int, int, int]:
     return tag >> (LAYER_BITS + PHASE_BITS), tag & MAX_LAYER, (tag >> LAYER_BITS) & MAX_PHASE
 
 
-# Wire header: int64 words sent as a small message right before each payload.
-MAGIC = 0x50534631  # "PSF1"
+# Wire header: int64 words sent as a small message right before each payload. For flow control the
+# ack word says how many messages the sender had received from the destination when it posted this
+# one, and the paced word whether the sender limits its messages in flight and so needs acks.
+MAGIC = 0x50534632  # "PSF2"
 MAX_NDIM = 8
-HEADER_WORDS = 8 + MAX_NDIM
+_FIXED_WORDS = 10
+HEADER_WORDS = _FIXED_WORDS + MAX_NDIM
 HEADER_BYTES = HEADER_WORDS * 8
-_W_MAGIC, _W_KIND, _W_ITER, _W_LAYER, _W_PHASE, _W_DTYPE, _W_NDIM, _W_NBYTES = range(8)
+_W_MAGIC, _W_KIND, _W_ITER, _W_LAYER, _W_PHASE, _W_DTYPE, _W_NDIM, _W_NBYTES, _W_ACK, _W_PACED = range(_FIXED_WORDS)
 
 DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
                "bool", "complex64", "complex128", "uint16", "uint32", "uint64")
@@ -123,6 +126,8 @@ class Header:
     dtype: str
     shape: Tuple[int, ...]
     nbytes: int
+    ack: int = 0  # messages the sender had received from this rank when it posted this one
+    paced: bool = False  # whether the sender waits for acks before posting more
 
 
 def new_header_buffer() -> np.ndarray:
@@ -138,7 +143,7 @@ def encode_header(envelope: Envelope, dtype: str, shape: Tuple[int, ...], nbytes
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"shape: got {ndim} dimensions {tuple(shape)}, expected at most {MAX_NDIM}")
-    words = [MAGIC, envelope.kind, envelope.iteration, envelope.layer, envelope.phase, code, ndim, nbytes]
+    words = [MAGIC, envelope.kind, envelope.iteration, envelope.layer, envelope.phase, code, ndim, nbytes, 0, 0]
     words += shape
     words += _PADDING[ndim]
     return np.array(words, dtype=np.int64)
@@ -147,15 +152,22 @@ def encode_header(envelope: Envelope, dtype: str, shape: Tuple[int, ...], nbytes
 _PADDING = [[0] * (MAX_NDIM - n) for n in range(MAX_NDIM + 1)]
 
 
+def set_flow(words: np.ndarray, ack: int, paced: bool) -> None:
+    """Write the flow-control words: messages received from the destination, and whether acks are wanted."""
+    words[_W_ACK] = ack
+    words[_W_PACED] = int(paced)
+
+
 def decode_header(words: np.ndarray) -> Header:
     """Return the Header held in `words`; raise ValueError on a corrupt header."""
     w = words.tolist()
     if w[_W_MAGIC] != MAGIC:
         raise ValueError(f"message header: got magic {w[_W_MAGIC]:#x}, expected {MAGIC:#x} "
                          "(a payload was taken for a header: sender and receiver disagree on the protocol)")
-    code, ndim, nbytes = w[_W_DTYPE], w[_W_NDIM], w[_W_NBYTES]
+    code, ndim, nbytes, ack = w[_W_DTYPE], w[_W_NDIM], w[_W_NBYTES], w[_W_ACK]
     if not 0 <= code < len(DTYPE_NAMES) or not 0 <= ndim <= MAX_NDIM or nbytes < 0:
         raise ValueError(f"message header: got dtype code {code}, ndim {ndim}, nbytes {nbytes}, "
                          f"expected code < {len(DTYPE_NAMES)}, ndim <= {MAX_NDIM}, nbytes >= 0")
     envelope = Envelope(w[_W_KIND], w[_W_ITER], w[_W_LAYER], w[_W_PHASE])
-    return Header(envelope, DTYPE_NAMES[code], tuple(w[8:8 + ndim]), nbytes)
+    shape = tuple(w[_FIXED_WORDS:_FIXED_WORDS + ndim])
+    return Header(envelope, DTYPE_NAMES[code], shape, nbytes, ack, bool(w[_W_PACED]))

@@ -9,7 +9,7 @@ arrive through the transport's own receive path (`receive_buffer`, `count_receiv
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -40,6 +40,7 @@ class Mailbox:
             tag = status.Get_tag()
             if self._pending is None:
                 header = decode_header(self._header)
+                self.transport.flow.received(self.source, header.ack, header.paced)
                 if header.envelope.tag != tag:
                     raise RuntimeError(f"message from rank {self.source}: header says {header.envelope}, "
                                        f"tag {tag} does not match")
@@ -68,14 +69,20 @@ class Mailbox:
         self.progress()
         return (envelope.tag, envelope.iteration) in self.kept
 
-    def wait_any(self, envelopes: Sequence[Envelope], timeout_s: Any = DEFAULT) -> int:
-        """Wait until one of `envelopes` has arrived; return its position (the first, if several), not taking it."""
+    def wait_any(self, envelopes: Sequence[Envelope], timeout_s: Any = DEFAULT,
+                 interrupt: Optional[Callable[[], None]] = None) -> int:
+        """Wait until one of `envelopes` has arrived; return its position (the first, if several), not taking it.
+
+        `interrupt`, if given, is called at every poll: it may raise to end the wait early.
+        """
         timeout = self.transport.resolve_timeout(timeout_s)
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff(self.transport.poll_sleep_s)
         keys = [(e.tag, e.iteration) for e in envelopes]
         while True:
-            self.progress()
+            self.transport.progress()
+            if interrupt is not None:
+                interrupt()
             for position, key in enumerate(keys):
                 if key in self.kept:
                     return position
@@ -83,9 +90,20 @@ class Mailbox:
                 raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
             backoff.pause()
 
-    def take(self, envelope: Envelope, timeout_s: Any = DEFAULT) -> Any:
+    def iterations(self, envelope: Envelope) -> List[int]:
+        """Return the iterations of the messages kept with the envelope's kind, layer and phase, ascending."""
+        return sorted(it for tag, it in self.kept if tag == envelope.tag)
+
+    def discard(self, keep: Callable[[Envelope], bool]) -> int:
+        """Drop every message kept so far whose envelope `keep` rejects; return how many."""
+        stale = [key for key, (header, _) in self.kept.items() if not keep(header.envelope)]
+        for key in stale:
+            del self.kept[key]
+        return len(stale)
+
+    def take(self, envelope: Envelope, timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None) -> Any:
         """Wait for the message of `envelope` and return its tensor; the watchdog bounds the wait."""
-        self.wait_any([envelope], timeout_s)
+        self.wait_any([envelope], timeout_s, interrupt)
         header, data = self.kept.pop((envelope.tag, envelope.iteration))
         if header.envelope != envelope:
             raise RuntimeError(f"message from rank {self.source}: expected {envelope}, got {header.envelope}")

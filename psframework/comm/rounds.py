@@ -13,11 +13,18 @@ import itertools
 import time
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .envelope import Envelope, Kind, Phase
+from .errors import WatchdogTimeout
+from .transport import Backoff
+
+
+def _fields(envelope: Envelope) -> Tuple[int, int, int]:
+    """Return (kind, layer, phase): what a probe matches on."""
+    return envelope.kind, envelope.layer, envelope.phase
 
 
 class Msg:
@@ -35,6 +42,20 @@ class Msg:
     state = partial(Envelope, Kind.CONTROL, layer=1, phase=Phase.OTHER)  # server -> worker: send your state
     state_reply = partial(Envelope, Kind.PARAMS, layer=1, phase=Phase.OTHER)  # worker -> server: its state
     stop = partial(Envelope, Kind.CONTROL, layer=2, phase=Phase.OTHER)  # the end (and the worker's report)
+    # Membership: a worker too far behind is detached; when it answers again it is readmitted.
+    detach = partial(Envelope, Kind.CONTROL, layer=3, phase=Phase.OTHER)  # server -> worker: you were left out
+    rejoin = partial(Envelope, Kind.CONTROL, layer=4, phase=Phase.OTHER)  # worker -> server: back (detach iteration)
+    readmit = partial(Envelope, Kind.CONTROL, layer=5, phase=Phase.OTHER)  # server -> worker: go on here, fresh state
+    snapshot = partial(Envelope, Kind.CONTROL, layer=6, phase=Phase.OTHER)  # server -> worker: your state, please
+    snapshot_reply = partial(Envelope, Kind.CONTROL, layer=7, phase=Phase.OTHER)  # worker -> server: its state
+
+
+class Detached(Exception):
+    """Raised on a worker that the server has left out; it rejoins with a fresh state."""
+
+    def __init__(self, iteration: int) -> None:
+        super().__init__(f"detached at iteration {iteration}")
+        self.iteration = iteration
 
 
 class WorkerReport:
@@ -100,10 +121,36 @@ class RoundClock:
     received0: int = 0
 
 
-class ServerRounds:
-    """Rank 0's side of every round: send to workers, take the first replies, name workers by index."""
+@dataclass
+class Membership:
+    """Which workers rank 0 has left out, and when each was detached and readmitted."""
 
-    def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None) -> None:
+    detach_after: int = 2  # iterations a worker's oldest kept-back message may age before it is detached
+    needed: int = 1  # workers a round cannot do without
+    detached: Dict[int, int] = field(default_factory=dict)  # rank -> iteration it was detached at
+    log: List[Dict[str, Any]] = field(default_factory=list)
+
+    def record(self, rank: int, **event: Any) -> None:
+        """Add an event to the log: a detach opens an entry, a readmission closes it."""
+        if "detached_at" in event:
+            self.log.append({"rank": rank, **event, "readmitted_at": None})
+            return
+        for entry in reversed(self.log):
+            if entry["rank"] == rank and entry["readmitted_at"] is None:
+                entry.update(event)
+                return
+
+
+class ServerRounds:
+    """Rank 0's side of every round: send to workers, take the first replies, name workers by index.
+
+    A worker whose oldest message kept back by flow control is more than `detach_after` iterations
+    old is detached: its backlog is dropped, it is told so, and rounds go on without it until it
+    asks to rejoin; `start_iteration` readmits it with the state the scheme gives it.
+    """
+
+    def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
+                 detach_after: int = 2, say: Callable[[str], None] = print) -> None:
         self.transport = transport
         self.workers = list(workers)
         self.n = len(self.workers)
@@ -111,6 +158,70 @@ class ServerRounds:
         self.roles, self.emulation = roles, emulation
         self.clock = RoundClock()
         self.subsets: Optional[Iterator[tuple]] = None
+        self.members = Membership(detach_after)
+        self.iteration = 0
+        self.say = say
+
+    @property
+    def live(self) -> List[int]:
+        """Return the worker ranks that are not detached."""
+        return [r for r in self.workers if r not in self.members.detached]
+
+    def require(self, needed: int) -> None:
+        """Declare how many workers a round needs: below that, rank 0 waits for detached ones to rejoin."""
+        self.members.needed = needed
+
+    def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any]) -> None:
+        """Readmit the detached workers that asked to rejoin (waiting for one while too few are live)."""
+        self.iteration = iteration
+        detached = self.members.detached
+        for rank in [r for r in detached if self.transport.has_message(r, *_fields(Msg.rejoin(0)))]:
+            self.readmit(rank, iteration, state_for)
+        while len(self.live) < self.members.needed:
+            ranks = sorted(detached)
+            self.say(f"psf: {len(self.live)} live workers, {self.members.needed} needed: waiting for rank(s) "
+                     f"{', '.join(map(str, ranks))} to answer again")
+            self.readmit(self.first_rejoin(ranks), iteration, state_for)
+
+    def first_rejoin(self, ranks: Sequence[int]) -> int:
+        """Wait until one of `ranks` asks to rejoin; return it (the watchdog names them all if none does)."""
+        transport = self.transport
+        timeout = transport.resolve_timeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff(transport.poll_sleep_s)
+        while True:
+            transport.progress()
+            for rank in ranks:
+                if transport.has_message(rank, *_fields(Msg.rejoin(0))):
+                    return rank
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WatchdogTimeout(list(ranks), "a rejoin request of a detached worker", timeout, [], 1)
+            backoff.pause()
+
+    def readmit(self, rank: int, iteration: int, state_for: Callable[[int, int], Any]) -> None:
+        """Take a worker's rejoin request and send it a fresh state to go on from `iteration`."""
+        self.transport.post_gather([rank], Msg.rejoin(self.members.detached[rank]), None).wait(1)
+        state = state_for(self.index(rank), iteration)
+        del self.members.detached[rank]
+        self.transport.isend(rank, state, Msg.readmit(iteration))
+        self.members.record(rank, readmitted_at=iteration)
+        self.say(f"psf: rank {rank} readmitted at iteration {iteration}")
+
+    def detach_laggards(self, ranks: Sequence[int]) -> None:
+        """Detach every rank whose oldest kept-back message is more than `detach_after` iterations old."""
+        for rank in ranks:
+            backlog = self.transport.backlog(rank)
+            if backlog and self.iteration - backlog[0].envelope.iteration >= self.members.detach_after:
+                self.detach(rank)
+
+    def detach(self, rank: int) -> None:
+        """Stop sending to a worker: drop what is kept back for it and tell it (one message beyond its window)."""
+        dropped = self.transport.drop(rank)
+        self.transport.isend(rank, np.zeros(1), Msg.detach(self.iteration), urgent=True)
+        self.members.detached[rank] = self.iteration
+        self.members.record(rank, detached_at=self.iteration)
+        self.say(f"psf: rank {rank} detached at iteration {self.iteration}: more than "
+                 f"{self.members.detach_after} iterations behind ({dropped} messages dropped)")
 
     def rotate_subsets(self, k: int) -> None:
         """Decode every round from the next k-subset in turn (waiting for all), to exercise every path."""
@@ -138,24 +249,29 @@ class ServerRounds:
     def expect(self, reply: Envelope, ranks: Optional[Sequence[int]] = None) -> Any:
         """Pre-post the receives of a round's replies (before sending, so that none waits unmatched)."""
         t0 = time.perf_counter()
-        gather = self.transport.post_gather(self.workers if ranks is None else ranks, reply)
+        gather = self.transport.post_gather(self.live if ranks is None else ranks, reply)
         self.clock.timings["comm_s"] += time.perf_counter() - t0
         return gather
 
     def send(self, payloads: Any, envelope: Envelope, ranks: Optional[Sequence[int]] = None) -> None:
-        """Start sending payloads[i] to ranks[i] (a single tensor goes to every rank)."""
+        """Start sending payloads[i] to ranks[i] (every worker by default; one tensor goes to all).
+
+        Detached workers are skipped; a worker that falls too far behind is detached here.
+        """
         ranks = self.workers if ranks is None else list(ranks)
         if not isinstance(payloads, (list, tuple)):
             payloads = [payloads] * len(ranks)
         t0 = time.perf_counter()
-        for rank, payload in zip(ranks, payloads):
+        live = [(rank, payload) for rank, payload in zip(ranks, payloads) if rank not in self.members.detached]
+        for rank, payload in live:
             self.transport.isend(rank, payload, envelope)
+        self.detach_laggards([rank for rank, _ in live])
         self.clock.timings["comm_s"] += time.perf_counter() - t0
 
     def collect(self, gather: Any, need: int, rotate: bool = True) -> Replies:
         """Wait for the first `need` replies (or, rotating, for all and use the next subset)."""
         t0 = time.perf_counter()
-        if rotate and self.subsets is not None and need < self.n:
+        if rotate and self.subsets is not None and need < self.n and not self.members.detached:
             result = gather.wait(len(gather.sources))
             chosen = [self.workers[i] for i in next(self.subsets)]
         else:
@@ -165,6 +281,14 @@ class ServerRounds:
         self.clock.timings["comm_s"] += max(0.0, time.perf_counter() - t0 - result.wait_s)
         self.clock.used.append(sorted(chosen))
         return Replies({self.index(r): result.data[r] for r in chosen}, sorted(chosen))
+
+    def collect_within(self, gather: Any, timeout_s: float) -> Replies:
+        """Wait up to timeout_s for every reply; return those that came (possibly fewer)."""
+        t0 = time.perf_counter()
+        data = gather.wait_within(timeout_s)
+        self.clock.timings["wait_s"] += time.perf_counter() - t0
+        ranks = sorted(data)
+        return Replies({self.index(r): data[r] for r in ranks}, ranks)
 
     def round(self, payloads: Any, envelope: Envelope, reply: Envelope, need: int, rotate: bool = True) -> Replies:
         """Send to every worker and return the first `need` replies (`rotate`: as `collect`)."""
@@ -184,20 +308,30 @@ class ServerRounds:
                 "server_bytes_sent_per_iteration": recorder.mean("bytes_sent", skip=1),
                 "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
                 "late_replies_drained": stats.late_drained + drained.completed,
+                "messages_dropped": stats.dropped_messages, "membership": self.members.log,
                 "emulation": self.emulation() if self.emulation else None, "workers": reports}
 
     def stop_workers(self, total: int) -> Dict[str, Dict[str, float]]:
-        """Tell every worker to stop; return their reports {rank: {field: value}}."""
-        gather = self.expect(Msg.stop(total))
-        self.send(np.zeros(1, np.float64), Msg.stop(total))
+        """Tell every worker to stop (detached ones too); return their reports {rank: {field: value}}."""
+        gather = self.transport.post_gather(self.workers, Msg.stop(total))
+        for rank in self.workers:
+            self.transport.isend(rank, np.zeros(1, np.float64), Msg.stop(total), urgent=rank in self.members.detached)
         result = gather.wait(len(self.workers))
+        for rank, detached_at in self.members.detached.items():  # take the rejoin requests no one will answer
+            if self.transport.has_message(rank, *_fields(Msg.rejoin(0))):
+                self.transport.post_gather([rank], Msg.rejoin(detached_at), None).wait(1)
         return {str(rank): WorkerReport.from_vector(result.data[rank].tolist()) for rank in self.workers}
 
 
 class WorkerRounds:
-    """A worker's side: every message from the server taken off the wire as it comes, replies, the report."""
+    """A worker's side: every message from the server taken off the wire as it comes, replies, the report.
 
-    def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0) -> None:
+    While it waits for the server, a worker answers snapshot requests (its state, once it has finished
+    the iterations before the request) and notices that it was detached (raising Detached).
+    """
+
+    def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0,
+                 patience: float = 2.0) -> None:
         self.transport = transport
         self.roles = roles
         self.peers = peers  # the worker-to-worker transport, where the scheme has one
@@ -207,6 +341,11 @@ class WorkerRounds:
         # Every message from the server is received as it arrives, even while this worker lags behind:
         # the server's queues never fill up behind it, and a waiting message marks stale work.
         self.inbox = transport.mailbox(server)
+        # A worker waits for the server longer than the server waits for workers, so that the watchdog
+        # that fires first is rank 0's, which names the workers that are really silent.
+        timeout = transport.resolve_timeout()
+        self.timeout_s = None if timeout is None else patience * timeout
+        self.snapshot: Optional[Callable[[], Any]] = None  # the scheme's state, for a readmission elsewhere
 
     @property
     def workers(self) -> Sequence[int]:
@@ -224,7 +363,7 @@ class WorkerRounds:
 
     def take(self, envelope: Envelope) -> Any:
         """Wait for a server message and return its tensor."""
-        return self.inbox.take(envelope)
+        return self.inbox.take(envelope, self.timeout_s, partial(self.serve, envelope.iteration))
 
     def has(self, envelope: Envelope) -> bool:
         """Return whether a server message has arrived."""
@@ -232,14 +371,50 @@ class WorkerRounds:
 
     def first_of(self, envelopes: Sequence[Envelope]) -> int:
         """Wait until one of the messages has arrived; return its position (not taking it)."""
-        return self.inbox.wait_any(envelopes)
+        return self.inbox.wait_any(envelopes, self.timeout_s, partial(self.serve, envelopes[0].iteration))
+
+    def serve(self, iteration: int) -> None:
+        """Raise Detached if the server left this worker out; answer snapshot requests up to `iteration`."""
+        detached = self.inbox.iterations(Msg.detach(0))
+        if detached:
+            raise Detached(detached[0])
+        for asked in self.inbox.iterations(Msg.snapshot(0)):
+            if asked > iteration or self.snapshot is None:
+                break
+            self.inbox.take(Msg.snapshot(asked))
+            self.transport.isend(self.server, self.snapshot(), Msg.snapshot_reply(asked))
+
+    def rejoin(self, detached_at: int, total: int) -> Optional[Tuple[int, Any]]:
+        """Drop the stale backlog, ask to rejoin; return (iteration, state) to go on from, or None to stop."""
+        self.inbox.discard(lambda envelope: envelope == Msg.stop(total))
+        if self.peers is not None:
+            for peer in range(self.peers.size):
+                self.peers.drop(peer)
+        self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
+        timeout = self.timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff(self.transport.poll_sleep_s)
+        while not self.inbox.has(Msg.stop(total)):
+            self.progress()
+            readmitted = self.inbox.iterations(Msg.readmit(0))
+            if readmitted:
+                return readmitted[0], self.inbox.take(Msg.readmit(readmitted[0]))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WatchdogTimeout([self.server], "the answer to a rejoin request", timeout or 0.0)
+            backoff.pause()
+        return None
 
     def reply(self, data: Any, envelope: Envelope, count: bool = True) -> None:
         """Send a reply to the server and let it leave before computing on (it needs this rank's progress).
 
+        Stops waiting once the server has sent something newer: it has gone on without the reply.
         `count`: the reply completes this worker's part of a round (the report counts it).
         """
-        self.transport.isend(self.server, data, envelope).wait()
+        handle = self.transport.isend(self.server, data, envelope)
+        backoff = Backoff(self.transport.poll_sleep_s)
+        while not handle.test() and not self.inbox.kept:
+            self.transport.progress()
+            backoff.pause()
         if count:
             self.report.sent()
 
@@ -255,7 +430,7 @@ class WorkerRounds:
 
     def stop(self, total: int) -> None:
         """Take the stop message, send the report, close the transport."""
-        self.take(Msg.stop(total))
+        self.inbox.take(Msg.stop(total), self.timeout_s)
         self.transport.send(self.server, self.report.vector(), Msg.stop(total))
         if self.peers is not None:
             self.peers.close(timeout_s=1.0)

@@ -28,8 +28,10 @@ from psframework import environment
 from .buffers import (StagingPool, TensorInfo, WireBuffer, allocate, copy_bytes_into, recv_buffer, send_buffer,
                       tensor_info)
 from .cuda import resolve_cuda_aware
-from .envelope import MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, encode_header, make_tag, new_header_buffer
+from .envelope import (MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, encode_header, make_tag,
+                       new_header_buffer, set_flow)
 from .errors import MessageMismatch, WatchdogTimeout
+from .flow import FlowControl
 
 DEFAULT: Any = object()  # "use the transport's timeout_s"
 
@@ -84,8 +86,10 @@ def auto_poll_sleep(comm: Any) -> float:
 class TransportStats:
     """Counts of what the transport moved and what it had to drain."""
 
-    sent_messages: int = 0
+    sent_messages: int = 0  # messages sent, kept back ones included
     sent_bytes: int = 0
+    dropped_messages: int = 0  # messages kept back, then dropped unsent (their receiver had been detached)
+    dropped_bytes: int = 0
     received_messages: int = 0  # messages handed out
     received_bytes: int = 0  # payload bytes that came in, late replies that were dropped included
     late_drained: int = 0  # replies that came after their round was over: received into scratch, dropped
@@ -145,31 +149,38 @@ class _Slot:
 
 
 class SendHandle:
-    """One message on its way out; keeps its buffers alive until MPI is done with them."""
+    """One message on its way out (or kept back by flow control); keeps its buffers alive until MPI is done."""
 
-    def __init__(self, transport: "Transport", dest: int, envelope: Envelope, requests: List[Any],
-                 header: np.ndarray, wire: WireBuffer) -> None:
+    def __init__(self, transport: "Transport", dest: int, envelope: Envelope, header: np.ndarray,
+                 wire: WireBuffer) -> None:
         self.dest = dest
         self.envelope = envelope
-        self.requests = requests
+        self.requests: Optional[List[Any]] = None  # None while kept back
+        self.dropped = False
         self._transport = transport
-        self._header = header
-        self._wire: Optional[WireBuffer] = wire
+        self.header = header
+        self.wire: Optional[WireBuffer] = wire
+        self.nbytes = wire.info.nbytes
 
     def test(self) -> bool:
-        """Return whether the message has left (its buffers may be reused)."""
-        if self._wire is not None and MPI.Request.Testall(self.requests):
+        """Return whether the message has left (its buffers may be reused) or was dropped unsent."""
+        if self.wire is not None and self.requests is not None and MPI.Request.Testall(self.requests):
             self._finish()
-        return self._wire is None
+        return self.wire is None
+
+    def drop(self) -> None:
+        """Give up a message kept back: it will never be sent."""
+        self.dropped = True
+        self._finish()
 
     def wait(self, timeout_s: Any = DEFAULT) -> None:
         """Block until the message has left, serving other receives meanwhile; watchdog-bounded."""
         self._transport._wait_send(self, self._transport.resolve_timeout(timeout_s))
 
     def _finish(self) -> None:
-        if self._wire is not None:
-            self._wire.done(received=False)
-            self._wire = None
+        if self.wire is not None:
+            self.wire.done(received=False)
+            self.wire = None
 
 
 class Gather:
@@ -224,6 +235,16 @@ class Gather:
             self.release()
         return self._result
 
+    def wait_within(self, timeout_s: float) -> Dict[int, Any]:
+        """Wait up to timeout_s for every reply; return those in by then {source: tensor} (no watchdog)."""
+        slots = list(self._slots.values())
+        try:
+            self.transport._progress_until(lambda: all(s.state == _DONE for s in slots),
+                                           time.monotonic() + timeout_s)
+        finally:
+            self.release()
+        return {s.source: s.out for s in slots if s.outcome == ARRIVED}
+
     def release(self) -> None:
         """Stop awaiting: replies still outstanding are drained into scratch memory when they come."""
         for slot in self._slots.values():
@@ -245,7 +266,7 @@ class Transport:
 
     def __init__(self, comm: Any = None, *, cuda_aware: Any = "auto", timeout_s: Optional[float] = None,
                  dup: bool = True, send_hook: Optional[SendHook] = None,
-                 poll_sleep_s: Optional[float] = None) -> None:
+                 poll_sleep_s: Optional[float] = None, window: Optional[int] = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if base == MPI.COMM_NULL:
             raise ValueError("comm: got MPI.COMM_NULL, expected a communicator this rank belongs to")
@@ -276,36 +297,61 @@ class Transport:
         self._sends: List[SendHandle] = []
         self._statuses: List[Any] = []
         self._mailboxes: List[Any] = []
+        self.flow = FlowControl(base, window, self._post_message)
 
     # -- sending ------------------------------------------------------------------------------
-    def isend(self, dest: int, data: Any, envelope: Envelope) -> SendHandle:
-        """Start sending `data` to `dest`; do not modify it until the handle says it has left."""
+    def isend(self, dest: int, data: Any, envelope: Envelope, *, urgent: bool = False) -> SendHandle:
+        """Start sending `data` to `dest`; do not modify it until the handle says it has left.
+
+        With a window, a message beyond it is kept back until `dest` acknowledges earlier ones;
+        `urgent` posts it at once all the same (for the rare control message).
+        """
         self._check_rank(dest, "dest")
         wire = send_buffer(data, self.cuda_aware, self._pool)
         info = wire.info
         header = encode_header(envelope, info.dtype, info.shape, info.nbytes)
         if self._sends:
             self._sweep_sends()
-        handle = self._post_message(dest, envelope, header, wire)
+        handle = SendHandle(self, dest, envelope, header, wire)
+        self.stats.sent_messages += 1
+        self.stats.sent_bytes += info.nbytes
         self._sends.append(handle)
+        self.flow.submit(dest, handle, urgent)
         return handle
 
     def send(self, dest: int, data: Any, envelope: Envelope, *, timeout_s: Any = DEFAULT) -> None:
         """Send `data` to `dest` and wait until it has left."""
         self.isend(dest, data, envelope).wait(timeout_s)
 
-    def _post_message(self, dest: int, envelope: Envelope, header: np.ndarray, wire: WireBuffer) -> SendHandle:
-        """Post one message, header then payload: every outgoing message passes through here."""
-        nbytes = wire.info.nbytes
+    def _post_message(self, handle: SendHandle) -> None:
+        """Post one message, header then payload: every message that goes on the wire passes through here."""
+        dest, envelope, header, wire = handle.dest, handle.envelope, handle.header, handle.wire
+        assert wire is not None
+        set_flow(header, *self.flow.posting(dest))
         if self.send_hook is not None:
-            self.send_hook(dest, envelope, nbytes)
+            self.send_hook(dest, envelope, handle.nbytes)
         tag = envelope.tag
         requests = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
-        if nbytes:
+        if handle.nbytes:
             requests.append(self.comm.Isend([wire.data, MPI.BYTE], dest, tag))
-        self.stats.sent_messages += 1
-        self.stats.sent_bytes += nbytes
-        return SendHandle(self, dest, envelope, requests, header, wire)
+        handle.requests = requests
+
+    def backlog(self, dest: int) -> List[SendHandle]:
+        """Return the messages flow control keeps back for `dest`, oldest first."""
+        return self.flow.backlog(dest)
+
+    def drop(self, dest: int) -> int:
+        """Drop every message kept back for `dest` (it will not need them); return how many."""
+        return self._drop(self.flow.drop(dest))
+
+    def _drop(self, handles: List[SendHandle]) -> int:
+        for handle in handles:
+            handle.drop()
+            self.stats.dropped_messages += 1
+            self.stats.dropped_bytes += handle.nbytes
+        if handles:
+            self._sweep_sends()
+        return len(handles)
 
     def _sweep_sends(self) -> None:
         if self._sends:
@@ -450,6 +496,7 @@ class Transport:
         """Advance a slot whose request has completed."""
         if slot.state == _HEADER:
             header = decode_header(slot.header)
+            self.flow.received(slot.source, header.ack, header.paced)
             got, want = header.envelope, slot.envelope
             if (got.kind, got.layer, got.phase) != (want.kind, want.layer, want.phase):
                 self._finish(slot, CANCELLED)
@@ -556,6 +603,7 @@ class Transport:
     def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float]) -> Optional[List[int]]:
         backoff = Backoff(self.poll_sleep_s)
         while True:  # MPI has no timed wait: poll, as a blocking MPI wait spins internally anyway
+            self.flow.poll()
             indices = MPI.Request.Testsome(requests, statuses)
             if indices is None or indices:
                 return indices
@@ -581,7 +629,8 @@ class Transport:
         return True
 
     def progress(self) -> int:
-        """Serve receives, mailboxes and sends that can move now without blocking; return how many remain."""
+        """Serve receives, mailboxes, credits and sends that can move now without blocking; return how many remain."""
+        self.flow.poll()
         for box in self._mailboxes:
             box.progress()
         live = list(self._live.values()) + self._draining
@@ -626,6 +675,7 @@ class Transport:
         for box in self._mailboxes:
             box.close()
         self._mailboxes = []
+        self._drop(self.flow.close())
         if self._owns_comm and self.comm != MPI.COMM_NULL:
             self.comm.Free()
         return report

@@ -40,12 +40,15 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
         set_decode_threads(plan.threads)
 
-    def transport(on: Any) -> Any:
+    def transport(on: Any, paced: bool) -> Any:
         return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s,
-                         send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us))
+                         send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us),
+                         window=settings.window if paced else None)
 
-    world = transport(roles.comm)
-    worker_peers = transport(roles.workers_comm) if (peers and roles.is_worker) else None
+    # Rank 0 and workers sending to peers pace their messages: any worker may stop taking them (frozen,
+    # descheduled, dead). Rank 0 is never paced against: a stalled rank 0 stalls the run anyway.
+    world = transport(roles.comm, paced=roles.is_server)
+    worker_peers = transport(roles.workers_comm, paced=True) if (peers and roles.is_worker) else None
     return Node(roles, world, worker_peers, settings)
 
 

@@ -22,7 +22,8 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     relay = scheme.coded and settings.transport.dissemination == "relay"
     node = start_node(settings.transport, comm, peers=relay)
     if node.roles.is_server:
-        link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation)
+        link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
+                            detach_after=settings.transport.detach_after)
         side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
         return run_server(settings, side, node.roles.size)
     link = WorkerRounds(node.transport, node.roles, node.peers)

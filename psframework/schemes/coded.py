@@ -49,6 +49,7 @@ class CodedServerBase(ServerSide):
         self.stragglers = Stragglers(settings.stragglers, link.workers)
         if settings.code.subsets == "rotate":
             link.rotate_subsets(self.k)
+        link.require(self.k)
         bn = [p for b in self.model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
         post = [conv_optimizer(settings.optim, bn, "sgd")] if bn else []
         self.optimizers = [head_optimizer(settings.optim, self.model.head_parameters())] + post
@@ -120,9 +121,20 @@ class CodedServerSide(CodedServerBase):
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights (and momentum) from k workers' state into rank 0's model."""
-        verify = verify and self.n > self.k
+        verify = verify and len(self.link.live) > self.k
         states = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration),
                                  self.k + 1 if verify else self.k, rotate=False)
+        return self.load_worker_states(states, verify)
+
+    def readmission_state(self, index: int, iteration: int) -> Any:
+        """Decode the current conv state from k live workers; return it uncoded (the worker encodes its packets)."""
+        states = self.link.round(torch.zeros(1), Msg.snapshot(iteration), Msg.snapshot_reply(iteration), self.k,
+                                 rotate=False)
+        self.load_worker_states(states, verify=False)
+        return flatten(conv_state_tensors(self.model, self.momentum))
+
+    def load_worker_states(self, states: Any, verify: bool) -> Dict[str, Any]:
+        """Decode the conv weights and momentum from the replies into rank 0's model; verify if asked."""
         shapes = worker_state_shapes(self.codings, self.code)
         per_worker = {j: unflatten(s, shapes) for j, s in states.data.items()}
         layers = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), self.k)))
@@ -259,7 +271,11 @@ class CodedWorkerSide(CodedWorkerBase):
     def start(self, schedule: Schedule) -> None:
         """Encode this worker's packets of the uncoded conv state the server sent (weights, momentum)."""
         super().start(schedule)
-        flat = self.link.take(Msg.params(schedule.start))
+        self.readmitted(self.link.take(Msg.params(schedule.start)))
+        self.link.snapshot = lambda: flatten(self.worker.state())
+
+    def readmitted(self, flat: torch.Tensor) -> None:
+        """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
         state = unflatten(flat, conv_state_shapes(self.model))
         o = self.settings.optim
         weights, buffers = [], []

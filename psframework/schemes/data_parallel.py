@@ -4,9 +4,10 @@ Every worker loads the dataset itself and follows the same plan as rank 0, takin
 shard of each global batch (`data.shard`), so no training images cross the network. Each iteration
 starts with rank 0 sending the parameters the workers hold; it ends when rank 0 has stepped its
 optimizers. With `train.backup_workers: b` rank 0 goes on with the first n - b workers of every
-round, weighting by the samples actually used; the replies of the others arrive late and are
-drained. A worker whose next parameters have already arrived when it is about to compute knows
-that rank 0 has moved on, and skips the stale round.
+round (all but b of the attached workers: a detached one is left out anyway), weighting by the
+samples actually used; the replies of the others arrive late and are drained. A worker whose next
+parameters have already arrived when it is about to compute knows that rank 0 has moved on, and
+skips the stale round.
 
 BatchNorm running statistics live where the conv stack runs: workers send theirs with their
 gradients and rank 0 keeps the mean over the workers it used. Batch statistics are per worker shard,
@@ -93,10 +94,18 @@ class DataParallelServer(ServerSide):
 
     def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
         super().__init__(settings, problem, link)
-        self.needed = link.n - settings.run.backup_workers
+        link.require(1)
         self.conv_opt = conv_optimizer(settings.optim, self.model.conv_parameters())
         self.head_opt = head_optimizer(settings.optim, self.model.head_parameters())
         self.optimizers = [self.conv_opt, self.head_opt]
+
+    @property
+    def needed(self) -> int:
+        """Return how many replies a round waits for: all but `backup_workers` of the attached workers.
+
+        A detached worker is already left out, so the backups still shield the run from slow live ones.
+        """
+        return max(1, len(self.link.live) - self.settings.run.backup_workers)
 
     def describe(self) -> str:
         return f", {self.link.n} workers (rank 0 goes on with the first {self.needed})"

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
+from psframework.comm.rounds import Detached
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
 from psframework.models import SplitCNN
@@ -155,6 +156,10 @@ class ServerSide(ABC):
         """End the run (workers stop here); return the scheme's summary fields."""
         return {}
 
+    def readmission_state(self, index: int, iteration: int) -> Any:
+        """Return what readmitted worker `index` needs to go on from `iteration`: nothing by default."""
+        return torch.zeros(0)
+
 
 class WorkerSide(ABC):
     """A worker's part of a scheme (ranks 1..n)."""
@@ -173,6 +178,9 @@ class WorkerSide(ABC):
 
     def sync(self, iteration: int) -> None:
         """Answer rank 0's synchronisation after an iteration (only called when `with_syncs` is set)."""
+
+    def readmitted(self, state: Any) -> None:
+        """Take the fresh state rank 0 sent on readmission: nothing by default (stateless workers)."""
 
 
 def resume(settings: Settings, side: ServerSide) -> int:
@@ -200,6 +208,8 @@ def run_server(settings: Settings, side: ServerSide, world_size: int = 1) -> Dic
     final: Dict[str, Any] = {"final_test_accuracy": None, "final_test_loss": None}
     problem.model.train()
     for step in steps(settings, num_train, schedule):
+        if side.link is not None:
+            side.link.start_iteration(step.iteration, side.readmission_state)
         scale_lr(side.optimizers, schedule.lr_factor(step.iteration))
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
@@ -268,16 +278,33 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
 
 
 def run_worker(settings: Settings, side: WorkerSide) -> None:
-    """Follow rank 0's plan as a worker, from the announced start to the stop."""
+    """Follow rank 0's plan as a worker, from the announced start to the stop.
+
+    A worker that rank 0 detached asks to rejoin, takes the fresh state it is sent and skips ahead
+    in the plan to the iteration it was readmitted at.
+    """
     start, num_train = side.link.announced()
     schedule = make_schedule(settings, num_train, start)
     side.start(schedule)
     plan = events(settings, num_train, schedule, side.with_syncs)
-    event = next(plan)
+    event, resume_at = next(plan), 0
     for after in plan:
-        if event.kind == STEP:
-            side.step(event.step, after)
-        else:
-            side.sync(event.iteration)
+        if event.iteration >= resume_at:
+            try:
+                play(side, event, after)
+            except Detached as notice:
+                readmission = side.link.rejoin(notice.iteration, schedule.total)
+                if readmission is None:
+                    break
+                resume_at, state = readmission
+                side.readmitted(state)
         event = after
     side.link.stop(schedule.total)
+
+
+def play(side: WorkerSide, event: Event, after: Event) -> None:
+    """Run one plan event on a worker."""
+    if event.kind == STEP:
+        side.step(event.step, after)
+    else:
+        side.sync(event.iteration)

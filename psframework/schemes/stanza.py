@@ -27,6 +27,12 @@ from psframework.schemes.driver import Event
 from psframework.settings import Settings
 
 
+# How long rank 0 waits for the conv gradients of the workers whose features it used, in units of the
+# forward round's time, before it computes a missing worker's share itself (a frozen worker must not
+# hold the round up; what rank 0 computes is what that worker would have sent).
+PATIENCE = 5.0
+
+
 def features_envelope(iteration: int) -> Any:
     """Worker -> rank 0: the conv features of the worker's shard."""
     return Msg.reply(iteration, 0, Phase.FORWARD)
@@ -42,7 +48,9 @@ class StanzaServer(DataParallelServer):
 
     def round(self, step: Step) -> RoundResult:
         it, conv = step.iteration, self.model.conv_parameters()
+        t0 = time.perf_counter()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
+        forward_s = time.perf_counter() - t0
         shards = self.shards(step)
         result = self.result(step, arrived)
         labels = self.problem.dataset.train.labels[torch.from_numpy(step.indices)]
@@ -53,9 +61,12 @@ class StanzaServer(DataParallelServer):
         self.head_opt.step()
         ranks = [self.link.workers[j] for j in result.used]
         grads = self.link.expect(Msg.grads(it), ranks)
-        pieces = torch.split(x.grad, [result.sizes[j] for j in result.used])
-        self.link.send([p.contiguous() for p in pieces], feature_grads_envelope(it), ranks)
-        replies = self.link.collect(grads, len(ranks))
+        pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
+        self.link.send(pieces, feature_grads_envelope(it), ranks)
+        replies = self.link.collect_within(grads, PATIENCE * forward_s + 0.05)
+        for j, piece in zip(result.used, pieces):
+            if j not in replies.data:  # a worker stalled after its features were used: do its backward here
+                replies.data[j] = self.conv_grads(step.indices[shards[j]], piece)
         count = sum(p.numel() for p in conv)
         # Conv gradients add up (each is that worker's share of the mean loss); running statistics average.
         set_grads(conv, weighted_sum(replies.data, dict.fromkeys(result.used, 1.0))[:count])
@@ -63,6 +74,15 @@ class StanzaServer(DataParallelServer):
         self.keep_running_stats({j: v[count:] for j, v in replies.data.items()}, result)
         result.loss = float(loss.detach())
         return result
+
+    def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
+        """Return what a worker would send for its shard: conv gradients and running statistics."""
+        conv = self.model.conv_parameters()
+        for p in conv:
+            p.grad = None
+        images = self.problem.dataset.train.images[torch.from_numpy(indices)]
+        self.model.features(images).backward(feature_grads)
+        return torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.model))])
 
 
 class StanzaWorker(DataParallelWorker):

@@ -1,0 +1,136 @@
+"""Flow control: a bounded window of messages in flight per destination, the rest kept back.
+
+An MPI keeps a message that its receiver has not yet taken in the sender's own resources, and these
+are shared by every destination: MPICH's shared-memory transport, for one, gives each sender 64
+message cells, and a receiver that makes no MPI calls (a frozen, descheduled or dead process) keeps
+every cell it was sent until it wakes. Once they are all spent, messages to live ranks wait behind
+them. A paced sender therefore posts at most `window` messages to a destination that the
+destination has not acknowledged, and keeps the rest in its own memory, where they can be dropped.
+
+Acknowledgements ride in every message header (the count of messages the sender has received from
+the destination); a receiver that has nothing to send back tells a paced sender with a small credit
+message on a communicator of its own, every `window // 2` messages.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+DEFAULT_WINDOW = 4  # messages in flight per destination: 2 MPI messages each (header and payload)
+
+
+@dataclass
+class Peer:
+    """The flow state towards and from one rank."""
+
+    posted: int = 0  # messages posted to it
+    acked: int = 0  # messages it has said it received
+    received: int = 0  # messages received from it
+    told: int = 0  # the received count it was last told
+    paces: bool = False  # it waits for acks from this rank
+    queue: Deque[Any] = field(default_factory=deque)  # messages kept back, oldest first
+
+
+class FlowControl:
+    """Window, queues and acknowledgements of one transport; `post` puts a message on the wire."""
+
+    def __init__(self, comm: Any, window: Optional[int], post: Callable[[Any], None]) -> None:
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window: got {window!r}, expected a number of messages >= 1 or None (no pacing)")
+        self.window = window
+        self.ack_every = max(1, (window or 2) // 2)
+        self._post = post
+        self._peers: Dict[int, Peer] = {}
+        self._credits = comm.Dup()  # credit messages never meet the transport's own traffic
+        self._incoming = np.zeros(1, np.int64)
+        self._status = MPI.Status()
+        self._request: Any = self._credits.Irecv([self._incoming, MPI.INT64_T], MPI.ANY_SOURCE, 0)
+        self._credit_sends: List[Tuple[Any, np.ndarray]] = []
+
+    @property
+    def paced(self) -> bool:
+        """Return whether this side limits its messages in flight."""
+        return self.window is not None
+
+    def peer(self, rank: int) -> Peer:
+        """Return the flow state of a rank."""
+        state = self._peers.get(rank)
+        if state is None:
+            state = self._peers[rank] = Peer()
+        return state
+
+    def submit(self, dest: int, handle: Any, urgent: bool = False) -> bool:
+        """Post a message now if the window allows (or `urgent`), else keep it back; return whether posted."""
+        peer = self.peer(dest)
+        if self.window is None or urgent or (not peer.queue and peer.posted - peer.acked < self.window):
+            self._post(handle)
+            return True
+        peer.queue.append(handle)
+        return False
+
+    def posting(self, dest: int) -> Tuple[int, bool]:
+        """Count a message about to be posted; return the header's (ack, paced) words."""
+        peer = self.peer(dest)
+        peer.posted += 1
+        peer.told = peer.received
+        return peer.received, self.paced
+
+    def received(self, source: int, ack: int, paces: bool) -> None:
+        """Count a message header received from `source`, with the ack it carries."""
+        peer = self.peer(source)
+        peer.received += 1
+        peer.paces = peer.paces or paces
+        self._acked(source, ack)
+        if peer.paces and peer.received - peer.told >= self.ack_every:
+            self._send_credit(source, peer)
+
+    def poll(self) -> None:
+        """Take in the credit messages that have arrived; post what their acks let go."""
+        while self._request is not None and self._request.Test(self._status):
+            source, ack = self._status.Get_source(), int(self._incoming[0])
+            self._request = self._credits.Irecv([self._incoming, MPI.INT64_T], MPI.ANY_SOURCE, 0)
+            self._acked(source, ack)
+        if self._credit_sends:
+            self._credit_sends = [(r, b) for r, b in self._credit_sends if not r.Test()]
+
+    def _acked(self, rank: int, ack: int) -> None:
+        peer = self.peer(rank)
+        if ack > peer.acked:
+            peer.acked = ack
+        while peer.queue and peer.posted - peer.acked < (self.window or 1):
+            self._post(peer.queue.popleft())
+
+    def _send_credit(self, rank: int, peer: Peer) -> None:
+        buf = np.array([peer.received], np.int64)
+        peer.told = peer.received
+        self._credit_sends.append((self._credits.Isend([buf, MPI.INT64_T], rank, 0), buf))
+
+    def backlog(self, dest: int) -> List[Any]:
+        """Return the messages kept back for `dest`, oldest first."""
+        return list(self.peer(dest).queue)
+
+    def drop(self, dest: int) -> List[Any]:
+        """Forget the messages kept back for `dest`; return them."""
+        peer = self.peer(dest)
+        dropped = list(peer.queue)
+        peer.queue.clear()
+        return dropped
+
+    def close(self) -> List[Any]:
+        """Stop taking credits; return every message still kept back (never to be sent)."""
+        if self._credits is None:
+            return []
+        if self._request is not None:
+            self._request.Cancel()
+            self._request.Wait()
+            self._request = None
+        left = [h for rank in list(self._peers) for h in self.drop(rank)]
+        self._credit_sends = []  # a credit nobody takes matters to nobody
+        self._credits.Free()
+        self._credits = None
+        return left
