@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -13,6 +14,7 @@ from psframework.data import DatasetError, dataset_shape
 from psframework.settings import make_settings
 
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
@@ -52,6 +54,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return status
     from psframework.schemes import train
 
+    from psframework.comm.errors import TooFewWorkers, WatchdogTimeout
+    from psframework.runtime.node import LOSS
+
     try:
         train(settings, comm=comm)
     except (ConfigError, DatasetError) as exc:
@@ -60,7 +65,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         if comm is not None and size > 1:
             comm.Abort(EXIT_USAGE)
         return EXIT_USAGE
+    except (WatchdogTimeout, TooFewWorkers) as exc:
+        print(f"psf: error: rank {rank}: {exc}; {last_checkpoint(settings.run.run_dir)}", file=sys.stderr, flush=True)
+        if comm is not None and size > 1:
+            comm.Abort(EXIT_FAILURE)
+        return EXIT_FAILURE
+    if LOSS():
+        # A rank of the job died: MPI_Finalize would wait for it for ever, so leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
+
+
+def last_checkpoint(run_dir: str) -> str:
+    """Return where a run can be resumed from, in words."""
+    path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.exists(path):
+        return f"no checkpoint in {run_dir} yet"
+    return f"the last checkpoint is {path} (train.resume={path} goes on from it)"
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -104,7 +104,8 @@ def straggler_spec(cfg: Config) -> StragglerSpec:
     """Return the straggler model; its own checks become one config error line."""
     s = cfg.stragglers
     try:
-        return StragglerSpec(s.model, tuple(s.ranks), s.factor, s.seed, s.count, s.shape)
+        return StragglerSpec(s.model, tuple(s.ranks), s.factor, s.seed, s.count, s.shape, s.responsive, s.pause_s,
+                             s.duty)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

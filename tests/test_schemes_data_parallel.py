@@ -73,6 +73,12 @@ def test_scheme_matches_reference(tmp_path, references, scheme, setting):
     assert all(w["replies_skipped"] == 0 for w in summary["workers"].values())
 
 
+def detached(summary, iteration):
+    """Return whether a worker was detached during an iteration (between its detach and readmission)."""
+    return any(e["detached_at"] < iteration and (e["readmitted_at"] is None or iteration < e["readmitted_at"])
+               for e in summary["membership"])
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scheme", ["ps", "stanza"])
@@ -82,11 +88,13 @@ def test_backup_worker_leaves_the_straggler_out(tmp_path, scheme):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backup_workers"] == 1
     table = rows(run_dir)
-    assert all(len(r["used"]) == 3 and len(r["samples"]) == 3 for r in table)
-    assert all(sum(r["samples"]) == 24 for r in table)  # three shards of 8: the update covers the samples used
+    # All but one of the attached workers: 3, or 2 while the slowed one is detached for falling behind.
+    assert all(len(r["used"]) == len(r["samples"]) == (2 if detached(summary, r["iteration"]) else 3) for r in table)
+    assert all(sum(r["samples"]) == 8 * len(r["used"]) for r in table)  # shards of 8: the update covers those used
     assert sum(2 not in r["used"] for r in table) >= ITERATIONS // 2  # the slowed worker is mostly left out
     slow = summary["workers"]["2"]
-    assert slow["replies_skipped"] > 0  # it skipped rounds that rank 0 had finished without it
+    # it skipped rounds that rank 0 had finished without it, or was detached for falling behind
+    assert slow["replies_skipped"] > 0 or summary["membership"]
     first, last = [r["loss"] for r in table[:5]], [r["loss"] for r in table[-5:]]
     assert sum(last) < sum(first)  # it still learns from the samples it uses
 

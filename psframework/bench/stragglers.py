@@ -26,21 +26,31 @@ def _row(label: str, s: Mapping[str, Any], case: Mapping[str, Any]) -> str:
 
 
 def _straggler_text(report: Mapping[str, Any]) -> str:
-    """Return what the first case with a straggler adds, in words, from its recorded overrides and setting."""
+    """Return what the straggler cases add, in words, from their recorded overrides and settings."""
     cases = (report.get("inputs") or {}).get("cases") or {}
-    case = next((c for c in cases.values() if c["setting"]["stragglers"]["model"] != "none"), None)
-    if case is None:
+    described: Dict[str, str] = {}
+    for case in cases.values():
+        s = case["setting"]["stragglers"]
+        if s["model"] == "none":
+            continue
+        ranks = ", ".join(str(r) for r in s["ranks"])
+        if s["model"] == "fixed":
+            words = (f"worker rank(s) {ranks} sleep {s['factor'] - 1:g}x their own compute time after every reply "
+                     f"they compute, so that they take {s['factor']:g}x as long, "
+                     f"{'serving MPI' if s.get('responsive') else 'making no MPI progress'} while they sleep")
+        elif s["model"] == "freeze":
+            words = (f"worker rank(s) {ranks} are stopped (SIGSTOP) for {s['pause_s']:g} s at a time, "
+                     f"{100 * s['duty']:.0f}% of the time, whatever they are doing")
+        else:
+            words = f"stragglers.model={s['model']}"
+        described.setdefault(" ".join(o for o in case["overrides"] if o.startswith("stragglers.")), words)
+    if not described:
         return ""
-    s = case["setting"]["stragglers"]
-    added = f"The straggler cases add `{' '.join(case['overrides'])}`"
-    if s["model"] != "fixed":
-        return added + ". "
-    return (added + f": worker rank(s) {', '.join(str(r) for r in s['ranks'])}, each sleeping {s['factor'] - 1:g}x "
-            f"its own compute time after every reply it computes, so that it takes {s['factor']:g}x as long. ")
+    return "The straggler cases add " + "; ".join(f"`{o}` ({words})" for o, words in described.items()) + ". "
 
 
 def _lag(summary: Mapping[str, Any], ranks: Sequence[int]) -> str:
-    """Return how far each slowed worker fell behind, from its counters."""
+    """Return how far each slowed worker fell behind, from its counters and the detach log."""
     parts = []
     for rank in ranks:
         w = (summary.get("workers") or {}).get(str(rank))
@@ -48,6 +58,10 @@ def _lag(summary: Mapping[str, Any], ranks: Sequence[int]) -> str:
             parts.append(f"rank {rank} skipped {w['replies_skipped']:.0f} of "
                          f"{w['replies_sent'] + w['replies_skipped']:.0f} replies and fell up to "
                          f"{w['max_behind']:.0f} commands behind, applying {w['updates']:.0f} updates")
+        detaches = [e for e in summary.get("membership") or [] if e["rank"] == rank]
+        if detaches:
+            parts.append(f"rank {rank} was detached {len(detaches)} time(s) for falling behind and readmitted "
+                         f"{sum(e['readmitted_at'] is not None for e in detaches)} time(s)")
     return "; ".join(parts)
 
 

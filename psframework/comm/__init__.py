@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, List
 _EXPORTS = {
     "Envelope": "envelope", "Kind": "envelope", "Phase": "envelope", "Header": "envelope",
     "make_tag": "envelope", "split_tag": "envelope",
-    "WatchdogTimeout": "errors", "MessageMismatch": "errors",
+    "WatchdogTimeout": "errors", "MessageMismatch": "errors", "TooFewWorkers": "errors",
     "TensorInfo": "buffers", "tensor_info": "buffers", "host_empty": "buffers",
     "CudaAwareness": "cuda", "detect_cuda_aware": "cuda", "resolve_cuda_aware": "cuda",
     "Transport": "transport", "TransportStats": "transport", "FirstK": "transport", "Gather": "transport",
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .buffers import TensorInfo, host_empty, tensor_info
     from .cuda import CudaAwareness, detect_cuda_aware, resolve_cuda_aware
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
-    from .errors import MessageMismatch, WatchdogTimeout
+    from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
     from .exchange import ShardExchange, exchange_shards
     from .mailbox import Mailbox
     from .roles import Roles, setup_roles

@@ -25,3 +25,7 @@ class WatchdogTimeout(RuntimeError):
 
 class MessageMismatch(ValueError):
     """A message arrived whose dtype, shape or size differs from what the receiver expects."""
+
+
+class TooFewWorkers(RuntimeError):
+    """Fewer workers are left than a round needs, and the missing ones are known to be lost."""

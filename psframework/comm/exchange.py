@@ -7,7 +7,7 @@ theirs until it has k packets, counting its own: with a straggler-tolerant code 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from .envelope import Envelope
 from .transport import DEFAULT, FirstK, SendHandle, Transport
@@ -27,12 +27,14 @@ class ShardExchange:
 
 
 def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, out: Mapping[int, Any],
-                    k: Optional[int] = None, *, timeout_s: Any = DEFAULT) -> ShardExchange:
+                    k: Optional[int] = None, *, timeout_s: Any = DEFAULT,
+                    interrupt: Optional[Callable[[], None]] = None) -> ShardExchange:
     """Send `packet` to every other rank of the transport and wait for k packets, own one included.
 
     `out` maps every other rank to a receive buffer shaped like its packet. Receives are posted
     before any send. Returns when k packets are in (all by default): `received.arrived` starts with
     this rank, then the peers in arrival order; peers not in it are drained later by the transport.
+    `interrupt` is called while waiting and may raise to end the wait.
     """
     me, n = transport.rank, transport.size
     k = n if k is None else k
@@ -50,7 +52,7 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, out: 
         gather.release()
         first = FirstK(envelope, 0, [], 0.0, {}, sorted(peers))
     else:
-        first = gather.wait(k - 1, timeout_s=timeout_s)
+        first = gather.wait(k - 1, timeout_s=timeout_s, interrupt=interrupt)
     data = {me: packet}
     data.update(first.data)
     received = FirstK(envelope, k, [me] + first.arrived, first.wait_s, data, first.late)

@@ -39,17 +39,19 @@ class Peer:
 class FlowControl:
     """Window, queues and acknowledgements of one transport; `post` puts a message on the wire."""
 
-    def __init__(self, comm: Any, window: Optional[int], post: Callable[[Any], None]) -> None:
+    def __init__(self, comm: Any, window: Optional[int], post: Callable[[Any], None],
+                 failed: Callable[[int], None]) -> None:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window: got {window!r}, expected a number of messages >= 1 or None (no pacing)")
         self.window = window
         self.ack_every = max(1, (window or 2) // 2)
         self._post = post
+        self._failed = failed  # told of a rank whose credit traffic fails (it died)
         self._peers: Dict[int, Peer] = {}
         self._credits = comm.Dup()  # credit messages never meet the transport's own traffic
-        self._incoming = np.zeros(1, np.int64)
-        self._status = MPI.Status()
-        self._request: Any = self._credits.Irecv([self._incoming, MPI.INT64_T], MPI.ANY_SOURCE, 0)
+        # One credit receive per destination paced to, not one from any source: a receive from any
+        # source could fail for every source once one rank dies.
+        self._incoming: Dict[int, Tuple[Any, np.ndarray]] = {}
         self._credit_sends: List[Tuple[Any, np.ndarray]] = []
 
     @property
@@ -78,7 +80,13 @@ class FlowControl:
         peer = self.peer(dest)
         peer.posted += 1
         peer.told = peer.received
+        if self.paced and dest not in self._incoming:
+            self._expect_credit(dest)
         return peer.received, self.paced
+
+    def _expect_credit(self, rank: int) -> None:
+        buf = np.zeros(1, np.int64)
+        self._incoming[rank] = (self._credits.Irecv([buf, MPI.INT64_T], rank, 0), buf)
 
     def received(self, source: int, ack: int, paces: bool) -> None:
         """Count a message header received from `source`, with the ack it carries."""
@@ -91,12 +99,19 @@ class FlowControl:
 
     def poll(self) -> None:
         """Take in the credit messages that have arrived; post what their acks let go."""
-        while self._request is not None and self._request.Test(self._status):
-            source, ack = self._status.Get_source(), int(self._incoming[0])
-            self._request = self._credits.Irecv([self._incoming, MPI.INT64_T], MPI.ANY_SOURCE, 0)
-            self._acked(source, ack)
+        for rank, (request, buf) in list(self._incoming.items()):
+            try:
+                if not request.Test():
+                    continue
+            except MPI.Exception:
+                del self._incoming[rank]
+                self._failed(rank)
+                continue
+            ack = int(buf[0])
+            self._expect_credit(rank)
+            self._acked(rank, ack)
         if self._credit_sends:
-            self._credit_sends = [(r, b) for r, b in self._credit_sends if not r.Test()]
+            self._credit_sends = [(r, b) for r, b in self._credit_sends if not _done(r)]
 
     def _acked(self, rank: int, ack: int) -> None:
         peer = self.peer(rank)
@@ -114,23 +129,39 @@ class FlowControl:
         """Return the messages kept back for `dest`, oldest first."""
         return list(self.peer(dest).queue)
 
-    def drop(self, dest: int) -> List[Any]:
-        """Forget the messages kept back for `dest`; return them."""
+    def drop(self, dest: int, before: Optional[int] = None) -> List[Any]:
+        """Forget the messages kept back for `dest` (those of iterations before `before`, if given); return them."""
         peer = self.peer(dest)
-        dropped = list(peer.queue)
-        peer.queue.clear()
+        if before is None:
+            dropped = list(peer.queue)
+            peer.queue.clear()
+            return dropped
+        dropped = [h for h in peer.queue if h.envelope.iteration < before]
+        if dropped:
+            peer.queue = deque(h for h in peer.queue if h.envelope.iteration >= before)
         return dropped
 
     def close(self) -> List[Any]:
         """Stop taking credits; return every message still kept back (never to be sent)."""
         if self._credits is None:
             return []
-        if self._request is not None:
-            self._request.Cancel()
-            self._request.Wait()
-            self._request = None
+        for request, _ in self._incoming.values():
+            request.Cancel()
+            _done(request, wait=True)
+        self._incoming = {}
         left = [h for rank in list(self._peers) for h in self.drop(rank)]
         self._credit_sends = []  # a credit nobody takes matters to nobody
         self._credits.Free()
         self._credits = None
         return left
+
+
+def _done(request: Any, wait: bool = False) -> bool:
+    """Return whether a request is over, an MPI error (a dead peer) counting as over."""
+    try:
+        if wait:
+            request.Wait()
+            return True
+        return bool(request.Test())
+    except MPI.Exception:
+        return True

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .envelope import Envelope, Kind, Phase
-from .errors import WatchdogTimeout
+from .errors import TooFewWorkers, WatchdogTimeout
 from .transport import Backoff
 
 
@@ -129,6 +129,7 @@ class Membership:
     needed: int = 1  # workers a round cannot do without
     detached: Dict[int, int] = field(default_factory=dict)  # rank -> iteration it was detached at
     log: List[Dict[str, Any]] = field(default_factory=list)
+    lost: List[int] = field(default_factory=list)  # ranks that never answered again after a rank died
 
     def record(self, rank: int, **event: Any) -> None:
         """Add an event to the log: a detach opens an entry, a readmission closes it."""
@@ -141,6 +142,9 @@ class Membership:
                 return
 
 
+STOP_GRACE_S = 5.0  # how long the stop waits for the workers' reports before it asks whether a rank died
+
+
 class ServerRounds:
     """Rank 0's side of every round: send to workers, take the first replies, name workers by index.
 
@@ -150,7 +154,8 @@ class ServerRounds:
     """
 
     def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
-                 detach_after: int = 2, say: Callable[[str], None] = print) -> None:
+                 detach_after: int = 2, say: Callable[[str], None] = print,
+                 lost: Callable[[], bool] = lambda: False) -> None:
         self.transport = transport
         self.workers = list(workers)
         self.n = len(self.workers)
@@ -161,6 +166,7 @@ class ServerRounds:
         self.members = Membership(detach_after)
         self.iteration = 0
         self.say = say
+        self.rank_died = lost  # whether the process manager said that a rank of the job died
 
     @property
     def live(self) -> List[int]:
@@ -174,14 +180,28 @@ class ServerRounds:
     def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any]) -> None:
         """Readmit the detached workers that asked to rejoin (waiting for one while too few are live)."""
         self.iteration = iteration
+        self.note_failures()
         detached = self.members.detached
         for rank in [r for r in detached if self.transport.has_message(r, *_fields(Msg.rejoin(0)))]:
             self.readmit(rank, iteration, state_for)
         while len(self.live) < self.members.needed:
             ranks = sorted(detached)
+            if self.rank_died() or self.members.lost:
+                raise TooFewWorkers(f"rank(s) {', '.join(map(str, ranks))} stopped answering after a rank of the job "
+                                    f"died: {len(self.live)} workers left, {self.members.needed} needed")
             self.say(f"psf: {len(self.live)} live workers, {self.members.needed} needed: waiting for rank(s) "
                      f"{', '.join(map(str, ranks))} to answer again")
             self.readmit(self.first_rejoin(ranks), iteration, state_for)
+
+    def note_failures(self) -> None:
+        """Take every worker the MPI reports failed as lost: left out from now on (said once per rank)."""
+        for rank in sorted(r for r in self.transport.failed if r in self._index and r not in self.members.lost):
+            self.members.lost.append(rank)
+            if rank not in self.members.detached:
+                self.members.detached[rank] = self.iteration
+                self.members.record(rank, detached_at=self.iteration)
+            self.say(f"psf: rank {rank} died (the MPI reports it failed) by iteration {self.iteration}; training "
+                     f"goes on with {len(self.live)} workers ({self.members.needed} needed)")
 
     def first_rejoin(self, ranks: Sequence[int]) -> int:
         """Wait until one of `ranks` asks to rejoin; return it (the watchdog names them all if none does)."""
@@ -222,6 +242,9 @@ class ServerRounds:
         self.members.record(rank, detached_at=self.iteration)
         self.say(f"psf: rank {rank} detached at iteration {self.iteration}: more than "
                  f"{self.members.detach_after} iterations behind ({dropped} messages dropped)")
+        if self.rank_died():
+            self.say(f"psf: a rank of the job died: rank {rank} is probably lost; training goes on with "
+                     f"{len(self.live)} workers ({self.members.needed} needed)")
 
     def rotate_subsets(self, k: int) -> None:
         """Decode every round from the next k-subset in turn (waiting for all), to exercise every path."""
@@ -309,18 +332,33 @@ class ServerRounds:
                 "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
                 "late_replies_drained": stats.late_drained + drained.completed,
                 "messages_dropped": stats.dropped_messages, "membership": self.members.log,
+                "lost_workers": self.members.lost,
                 "emulation": self.emulation() if self.emulation else None, "workers": reports}
 
     def stop_workers(self, total: int) -> Dict[str, Dict[str, float]]:
-        """Tell every worker to stop (detached ones too); return their reports {rank: {field: value}}."""
-        gather = self.transport.post_gather(self.workers, Msg.stop(total))
-        for rank in self.workers:
+        """Tell every worker to stop (detached ones too); return their reports {rank: {field: value}}.
+
+        Once a rank of the job has died, a worker that has not answered within STOP_GRACE_S is lost.
+        """
+        self.note_failures()
+        ranks = [r for r in self.workers if r not in self.members.lost]
+        gather = self.transport.post_gather(ranks, Msg.stop(total))
+        for rank in ranks:
             self.transport.isend(rank, np.zeros(1, np.float64), Msg.stop(total), urgent=rank in self.members.detached)
-        result = gather.wait(len(self.workers))
+        reports = gather.wait_within(STOP_GRACE_S, keep=True)
+        if len(reports) < len(ranks) and not self.rank_died():
+            reports = gather.wait(len(ranks)).data  # the watchdog names whoever stays silent
+        gather.release()
+        silent = [r for r in ranks if r not in reports]
+        if silent:
+            self.say(f"psf: rank(s) {', '.join(map(str, silent))} lost: no answer after a rank of the job died")
+        self.members.lost += silent
+        if self.members.lost:
+            self.say(f"psf: the run finished without rank(s) {', '.join(map(str, sorted(self.members.lost)))}")
         for rank, detached_at in self.members.detached.items():  # take the rejoin requests no one will answer
-            if self.transport.has_message(rank, *_fields(Msg.rejoin(0))):
+            if rank in reports and self.transport.has_message(rank, *_fields(Msg.rejoin(0))):
                 self.transport.post_gather([rank], Msg.rejoin(detached_at), None).wait(1)
-        return {str(rank): WorkerReport.from_vector(result.data[rank].tolist()) for rank in self.workers}
+        return {str(rank): WorkerReport.from_vector(reports[rank].tolist()) for rank in self.workers if rank in reports}
 
 
 class WorkerRounds:
@@ -375,6 +413,7 @@ class WorkerRounds:
 
     def serve(self, iteration: int) -> None:
         """Raise Detached if the server left this worker out; answer snapshot requests up to `iteration`."""
+        self.inbox.progress()
         detached = self.inbox.iterations(Msg.detach(0))
         if detached:
             raise Detached(detached[0])
@@ -427,6 +466,11 @@ class WorkerRounds:
         self.transport.progress()
         if self.peers is not None:
             self.peers.progress()
+
+    def forget_for_peers(self, before: int) -> None:
+        """Drop the messages kept back for peers that are older than iteration `before` (they lag too far)."""
+        for peer in range(self.peers.size if self.peers is not None else 0):
+            self.peers.drop(peer, before)
 
     def stop(self, total: int) -> None:
         """Take the stop message, send the report, close the transport."""

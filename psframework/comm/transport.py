@@ -30,7 +30,7 @@ from .buffers import (StagingPool, TensorInfo, WireBuffer, allocate, copy_bytes_
 from .cuda import resolve_cuda_aware
 from .envelope import (MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, encode_header, make_tag,
                        new_header_buffer, set_flow)
-from .errors import MessageMismatch, WatchdogTimeout
+from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
 from .flow import FlowControl
 
 DEFAULT: Any = object()  # "use the transport's timeout_s"
@@ -38,7 +38,25 @@ DEFAULT: Any = object()  # "use the transport's timeout_s"
 SendHook = Callable[[int, Envelope, int], None]
 
 _HEADER, _PAYLOAD, _DISCARD, _STASH, _DONE = range(5)
-ARRIVED, LATE, SUPERSEDED, CANCELLED = "arrived", "late", "superseded", "cancelled"
+ARRIVED, LATE, SUPERSEDED, CANCELLED, FAILED = "arrived", "late", "superseded", "cancelled", "failed"
+
+
+def test_each(requests: Sequence[Any], statuses: List[Any]) -> Tuple[List[int], List[int]]:
+    """Test requests one by one; return the indices that completed (their statuses in order) and those that failed.
+
+    One at a time because a request that fails (its peer died, say) must be told apart from the
+    others: a failing Testsome reports an error but not which request it came from.
+    """
+    done: List[int] = []
+    failed: List[int] = []
+    for i, request in enumerate(requests):
+        try:
+            if request.Test(statuses[len(done)]):
+                done.append(i)
+        except MPI.Exception:
+            failed.append(i)
+    return done, failed
+
 
 # Polling waits yield the core after each fruitless poll: free when a rank has its core to itself,
 # and it keeps oversubscribed nodes (more ranks than cores) moving.
@@ -163,9 +181,15 @@ class SendHandle:
         self.nbytes = wire.info.nbytes
 
     def test(self) -> bool:
-        """Return whether the message has left (its buffers may be reused) or was dropped unsent."""
-        if self.wire is not None and self.requests is not None and MPI.Request.Testall(self.requests):
-            self._finish()
+        """Return whether the message has left (its buffers may be reused), was dropped, or its receiver died."""
+        if self.wire is not None and self.requests is not None:
+            try:
+                left = MPI.Request.Testall(self.requests)
+            except MPI.Exception:
+                self._transport.peer_failed(self.dest)
+                left = True
+            if left:
+                self._finish()
         return self.wire is None
 
     def drop(self) -> None:
@@ -198,8 +222,12 @@ class Gather:
         done = [s for s in self._slots.values() if s.outcome == ARRIVED]
         return [s.source for s in sorted(done, key=lambda s: s.arrival)]
 
-    def wait(self, k: Optional[int] = None, *, timeout_s: Any = DEFAULT) -> FirstK:
-        """Block until k replies are in (all by default); raise WatchdogTimeout past timeout_s."""
+    def wait(self, k: Optional[int] = None, *, timeout_s: Any = DEFAULT,
+             interrupt: Optional[Callable[[], None]] = None) -> FirstK:
+        """Block until k replies are in (all by default); raise WatchdogTimeout past timeout_s.
+
+        `interrupt`, if given, is called at every poll: it may raise to end the wait early.
+        """
         if self._result is not None:
             return self._result
         n = len(self._slots)
@@ -216,13 +244,17 @@ class Gather:
             if have >= k:
                 return True
             if have + sum(1 for s in slots if s.state != _DONE) < k:
-                gone = [s.source for s in slots if s.state == _DONE and s.outcome != ARRIVED]
-                raise RuntimeError(f"only {have} of the {k} replies needed for {self.envelope} can still arrive: "
-                                   f"rank(s) {', '.join(map(str, gone))} already sent a later iteration instead")
+                failed = [s.source for s in slots if s.outcome == FAILED]
+                gone = [s.source for s in slots if s.state == _DONE and s.outcome not in (ARRIVED, FAILED)]
+                reasons = ([f"rank(s) {', '.join(map(str, failed))} failed (the MPI reports them dead)"] if failed
+                           else []) + ([f"rank(s) {', '.join(map(str, gone))} already sent a later iteration "
+                                        "instead"] if gone else [])
+                raise TooFewWorkers(f"only {have} of the {k} replies needed for {self.envelope} can still arrive: "
+                                    + "; ".join(reasons))
             return False
 
         try:
-            if not self.transport._progress_until(enough, deadline):
+            if not self.transport._progress_until(enough, deadline, interrupt):
                 silent = [s.source for s in slots if s.outcome != ARRIVED]
                 raise WatchdogTimeout(silent, str(self.envelope), timeout, self.arrived(), k)
             arrived = self.arrived()
@@ -235,14 +267,18 @@ class Gather:
             self.release()
         return self._result
 
-    def wait_within(self, timeout_s: float) -> Dict[int, Any]:
-        """Wait up to timeout_s for every reply; return those in by then {source: tensor} (no watchdog)."""
+    def wait_within(self, timeout_s: float, keep: bool = False) -> Dict[int, Any]:
+        """Wait up to timeout_s for every reply; return those in by then {source: tensor} (no watchdog).
+
+        `keep`: go on awaiting the others (a later wait() may still take them); else release them.
+        """
         slots = list(self._slots.values())
         try:
             self.transport._progress_until(lambda: all(s.state == _DONE for s in slots),
                                            time.monotonic() + timeout_s)
         finally:
-            self.release()
+            if not keep:
+                self.release()
         return {s.source: s.out for s in slots if s.outcome == ARRIVED}
 
     def release(self) -> None:
@@ -257,7 +293,7 @@ class Transport:
     Creating a Transport duplicates the communicator (collective over it) so that its tags never
     meet other traffic. `timeout_s` is the watchdog: a blocking wait still unfinished after that
     many seconds raises WatchdogTimeout naming the ranks it still waits for (None waits for ever);
-    every wait also takes its own timeout_s. Waits poll Testsome (MPI has no timed wait);
+    every wait also takes its own timeout_s. Waits poll the requests (MPI has no timed wait);
     `poll_sleep_s` bounds the sleep between polls once a wait has spun a while (0 spins; None picks
     0 when every rank of the node has a core, else 1 ms). Not thread-safe: one thread per Transport. `send_hook`, if
     given, is called as hook(dest, envelope, nbytes) right before each message is posted: the one
@@ -297,7 +333,8 @@ class Transport:
         self._sends: List[SendHandle] = []
         self._statuses: List[Any] = []
         self._mailboxes: List[Any] = []
-        self.flow = FlowControl(base, window, self._post_message)
+        self.failed: set = set()  # ranks the MPI reported failed (dead): nothing more goes to or comes from them
+        self.flow = FlowControl(base, window, self._post_message, self.peer_failed)
 
     # -- sending ------------------------------------------------------------------------------
     def isend(self, dest: int, data: Any, envelope: Envelope, *, urgent: bool = False) -> SendHandle:
@@ -331,18 +368,35 @@ class Transport:
         if self.send_hook is not None:
             self.send_hook(dest, envelope, handle.nbytes)
         tag = envelope.tag
-        requests = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
-        if handle.nbytes:
-            requests.append(self.comm.Isend([wire.data, MPI.BYTE], dest, tag))
+        if dest in self.failed:
+            handle.drop()
+            return
+        try:
+            requests = [self.comm.Isend([header, MPI.BYTE], dest, tag)]
+            if handle.nbytes:
+                requests.append(self.comm.Isend([wire.data, MPI.BYTE], dest, tag))
+        except MPI.Exception:
+            self.peer_failed(dest)
+            handle.drop()
+            return
         handle.requests = requests
+
+    def peer_failed(self, rank: int) -> None:
+        """Note that the MPI reported `rank` failed: drop what waits for it, end the receives from it."""
+        if rank in self.failed:
+            return
+        self.failed.add(rank)
+        self._drop(self.flow.drop(rank))
+        for slot in [s for s in list(self._live.values()) + self._draining if s.source == rank]:
+            self._finish(slot, FAILED)
 
     def backlog(self, dest: int) -> List[SendHandle]:
         """Return the messages flow control keeps back for `dest`, oldest first."""
         return self.flow.backlog(dest)
 
-    def drop(self, dest: int) -> int:
-        """Drop every message kept back for `dest` (it will not need them); return how many."""
-        return self._drop(self.flow.drop(dest))
+    def drop(self, dest: int, before: Optional[int] = None) -> int:
+        """Drop the messages kept back for `dest` (all, or those of iterations before `before`); return how many."""
+        return self._drop(self.flow.drop(dest, before))
 
     def _drop(self, handles: List[SendHandle]) -> int:
         for handle in handles:
@@ -417,7 +471,15 @@ class Transport:
     def has_message(self, source: int, kind: int, layer: int = 0, phase: int = 0) -> bool:
         """Return whether a message from `source` with this kind, layer and phase waits unclaimed."""
         tag = make_tag(kind, layer, phase)
-        return bool(self._kept.get((source, tag))) or bool(self.comm.Iprobe(source, tag))
+        if self._kept.get((source, tag)):
+            return True
+        if source in self.failed:
+            return False
+        try:
+            return bool(self.comm.Iprobe(source, tag))
+        except MPI.Exception:
+            self.peer_failed(source)
+            return False
 
     def _open_slot(self, source: int, envelope: Envelope, out: Any, info: Optional[TensorInfo]) -> _Slot:
         key = (source, envelope.tag)
@@ -562,7 +624,11 @@ class Transport:
         if slot.state == _HEADER:
             slot.request.Cancel()
             status = MPI.Status()
-            slot.request.Wait(status)
+            try:
+                slot.request.Wait(status)
+            except MPI.Exception:
+                self.peer_failed(slot.source)
+                return True
             if status.Is_cancelled():
                 self.stats.cancelled += 1
                 self._finish(slot, CANCELLED)
@@ -600,33 +666,47 @@ class Transport:
         self.stats.received_bytes += nbytes
 
     # -- progress, waiting and draining ---------------------------------------------------------
-    def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float]) -> Optional[List[int]]:
+    def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float],
+                   interrupt: Optional[Callable[[], None]] = None) -> Tuple[List[int], List[int]]:
+        """Poll until some requests complete or fail (see test_each) or the deadline passes (nothing then)."""
         backoff = Backoff(self.poll_sleep_s)
         while True:  # MPI has no timed wait: poll, as a blocking MPI wait spins internally anyway
             self.flow.poll()
-            indices = MPI.Request.Testsome(requests, statuses)
-            if indices is None or indices:
-                return indices
+            if interrupt is not None:
+                interrupt()
+            done, failed = test_each(requests, statuses)
+            if done or failed:
+                return done, failed
             if deadline is not None and time.monotonic() >= deadline:
-                return []
+                return [], []
             backoff.pause()
 
-    def _progress_until(self, done: Callable[[], bool], deadline: Optional[float]) -> bool:
+    def _progress_until(self, done: Callable[[], bool], deadline: Optional[float],
+                        interrupt: Optional[Callable[[], None]] = None) -> bool:
         """Serve all posted receives until done() holds or the deadline passes; return done()."""
         while not done():
             live = list(self._live.values()) + self._draining
             if not live:
                 return done()
-            requests = [s.request for s in live]
-            statuses = self._statuses
-            while len(statuses) < len(requests):
-                statuses.append(MPI.Status())
-            indices = self._wait_some(requests, statuses, deadline)
-            if not indices:
+            completed, failed = self._wait_some([s.request for s in live], self._statuses_for(live), deadline,
+                                                interrupt)
+            if not completed and not failed:
                 return done()
-            for j, i in enumerate(indices):
-                self._complete(live[i], statuses[j])
+            self._settle(live, completed, failed)
         return True
+
+    def _statuses_for(self, live: List[_Slot]) -> List[Any]:
+        statuses = self._statuses
+        while len(statuses) < len(live):
+            statuses.append(MPI.Status())
+        return statuses
+
+    def _settle(self, live: List[_Slot], completed: List[int], failed: List[int]) -> None:
+        """Advance the slots whose requests completed; end those whose source failed."""
+        for j, i in enumerate(completed):
+            self._complete(live[i], self._statuses[j])
+        for i in failed:
+            self.peer_failed(live[i].source)
 
     def progress(self) -> int:
         """Serve receives, mailboxes, credits and sends that can move now without blocking; return how many remain."""
@@ -635,12 +715,7 @@ class Transport:
             box.progress()
         live = list(self._live.values()) + self._draining
         if live:
-            statuses = self._statuses
-            while len(statuses) < len(live):
-                statuses.append(MPI.Status())
-            indices = MPI.Request.Testsome([s.request for s in live], statuses) or []
-            for j, i in enumerate(indices):
-                self._complete(live[i], statuses[j])
+            self._settle(live, *test_each([s.request for s in live], self._statuses_for(live)))
         self._sweep_sends()
         return len(self._live) + len(self._sends)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -29,12 +31,39 @@ class Node:
                 "server_send_delay_s": hook.delayed_s}
 
 
+class LossNotice:
+    """Whether the process manager has said that a rank of this job died.
+
+    MPICH's hydra, under `-disable-auto-cleanup`, sends every other rank SIGUSR1 when one dies
+    (whose default action would end them too); the notice is all a rank learns: which rank died
+    shows in who stops answering.
+    """
+
+    def __init__(self) -> None:
+        self.noticed = False
+
+    def install(self) -> None:
+        """Take SIGUSR1 as the notice (only the main thread may install signal handlers)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._note)
+
+    def _note(self, *_: Any) -> None:
+        self.noticed = True
+
+    def __call__(self) -> bool:
+        return self.noticed
+
+
+LOSS = LossNotice()
+
+
 def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False) -> Node:
     """Split the job into server and workers, plan threads and open the transports (collective)."""
     from psframework.comm import Transport, setup_roles
     from psframework.runtime.emulate import link_emulator
     from psframework.runtime.threads import configure_threads
 
+    LOSS.install()
     roles = setup_roles(comm)
     plan = configure_threads(roles.comm, threads=settings.threads or None)
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
@@ -54,10 +83,14 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
 
 def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,
              keep_moving: Sequence[Callable[[], Any]]) -> float:
-    """Sleep as an injected straggler would and return the delay; messages keep moving meanwhile.
+    """Sleep as an injected straggler would and return the delay.
 
-    Only compute is slow: `keep_moving` (progress functions) run between short naps.
+    Unresponsive, as a slow node is (no MPI progress), unless `stragglers.responsive` asks for the
+    model where only compute is slow: then `keep_moving` (progress functions) run between short naps.
     """
+    if not stragglers.spec.responsive:
+        return stragglers.inject(rank, iteration, compute_s)
+
     def sleep(seconds: float) -> None:
         end = time.perf_counter() + seconds
         while (left := end - time.perf_counter()) > 0:

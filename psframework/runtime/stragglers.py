@@ -5,6 +5,12 @@ every iteration are slowed by `factor`); exponential and pareto (every worker sl
 multiple of its compute time with mean `factor`; Pareto of shape `shape`, heavy-tailed). A slowed
 worker with compute time c sleeps (factor - 1) * c, so it takes factor * c in all. The delays of an
 iteration depend only on (seed, iteration), so every rank can compute anyone's delay.
+
+A slowed worker is unresponsive while it sleeps, as a slow node is: it makes no MPI progress, so
+messages to it pile up where they were sent (`responsive: true` keeps its messages moving, the
+model where only compute is slow). The freeze model stops the listed ranks outright: a helper
+process sends them SIGSTOP for `pause_s` seconds and SIGCONT after, repeatedly, so that they are
+frozen a fraction `duty` of the time, whatever they are doing.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-MODELS = ("none", "fixed", "random", "exponential", "pareto")
+MODELS = ("none", "fixed", "random", "exponential", "pareto", "freeze")
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,9 @@ class StragglerSpec:
     seed: int = 0
     count: int = 1
     shape: float = 1.5
+    responsive: bool = False
+    pause_s: float = 0.5
+    duty: float = 0.8
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -37,8 +46,12 @@ class StragglerSpec:
             raise ValueError(f"stragglers.factor: got {self.factor}, expected >= 1 (a slowdown factor)")
         if self.model in ("exponential", "pareto") and not self.factor > 0.0:
             raise ValueError(f"stragglers.factor: got {self.factor}, expected > 0 (the mean delay in compute times)")
-        if self.model == "fixed" and not self.ranks:
-            raise ValueError("stragglers.ranks: got none, expected at least one worker rank for model fixed")
+        if self.model in ("fixed", "freeze") and not self.ranks:
+            raise ValueError(f"stragglers.ranks: got none, expected at least one worker rank for model {self.model}")
+        if self.model == "freeze" and not 0.0 < self.pause_s <= 3600.0:
+            raise ValueError(f"stragglers.pause_s: got {self.pause_s}, expected seconds in (0, 3600]")
+        if self.model == "freeze" and not 0.0 < self.duty < 1.0:
+            raise ValueError(f"stragglers.duty: got {self.duty}, expected a fraction of the time in (0, 1)")
         if self.model == "random" and not self.count >= 1:
             raise ValueError(f"stragglers.count: got {self.count}, expected >= 1")
         if self.model == "pareto" and not self.shape > 1.0:
@@ -56,7 +69,7 @@ class Stragglers:
         if not self.workers:
             raise ValueError("workers: got none, expected at least one worker rank")
         unknown = [r for r in spec.ranks if r not in self.workers]
-        if spec.model == "fixed" and unknown:
+        if spec.model in ("fixed", "freeze") and unknown:
             raise ValueError(f"stragglers.ranks: got {unknown}, expected worker ranks among {list(self.workers)}")
         if spec.model == "random" and spec.count > len(self.workers):
             raise ValueError(f"stragglers.count: got {spec.count}, expected <= {len(self.workers)} workers")
@@ -70,7 +83,7 @@ class Stragglers:
             return dict(self._cache[1])
         spec, n = self.spec, len(self.workers)
         rng = np.random.default_rng([spec.seed, int(iteration)])
-        if spec.model == "none":
+        if spec.model in ("none", "freeze"):  # a frozen rank is stopped from outside, not delayed per iteration
             units = np.zeros(n)
         elif spec.model == "fixed":
             units = np.array([spec.factor - 1.0 if w in spec.ranks else 0.0 for w in self.workers])
@@ -105,3 +118,48 @@ class Stragglers:
         if delay > 0.0:
             sleep(delay)
         return delay
+
+
+_FREEZER = """
+import os, signal, sys, time
+pid, pause, run = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below always lets pid go on
+try:
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(pause)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(run)
+except ProcessLookupError:
+    pass
+finally:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+"""
+
+
+class Freezer:
+    """Freeze this process periodically from a helper process (SIGSTOP, then SIGCONT), as the freeze model says."""
+
+    def __init__(self, spec: StragglerSpec) -> None:
+        import os
+        import subprocess
+        import sys
+
+        run_s = spec.pause_s * (1.0 - spec.duty) / spec.duty
+        self.process = subprocess.Popen([sys.executable, "-c", _FREEZER, str(os.getpid()), str(spec.pause_s),
+                                         str(run_s)], stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        """End the freezing (the helper lets this process go on)."""
+        self.process.terminate()
+        self.process.wait()
+
+
+def start_freezer(spec: StragglerSpec, rank: int) -> "Freezer | None":
+    """Start freezing this rank if the freeze model lists it; return the freezer (stop it at the end) or None."""
+    if spec.model != "freeze" or rank not in spec.ranks:
+        return None
+    return Freezer(spec)

@@ -11,7 +11,7 @@ from psframework.settings import Settings
 def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run this rank's part of a training run; rank 0 (or the single process) returns the summary."""
     from psframework.comm.rounds import ServerRounds, WorkerRounds
-    from psframework.runtime.node import start_node
+    from psframework.runtime.node import LOSS, start_node
     from psframework.schemes.common import build_problem
     from psframework.schemes.driver import Problem, run_server, run_worker
 
@@ -23,11 +23,19 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     node = start_node(settings.transport, comm, peers=relay)
     if node.roles.is_server:
         link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
-                            detach_after=settings.transport.detach_after)
+                            detach_after=settings.transport.detach_after, lost=LOSS)
         side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
         return run_server(settings, side, node.roles.size)
+    from psframework.runtime.stragglers import start_freezer
+
     link = WorkerRounds(node.transport, node.roles, node.peers)
-    run_worker(settings, scheme.load(scheme.worker)(settings, link))
+    side = scheme.load(scheme.worker)(settings, link)
+    freezer = start_freezer(settings.stragglers, node.roles.rank)
+    try:
+        run_worker(settings, side)
+    finally:
+        if freezer is not None:
+            freezer.stop()
     return None
 
 

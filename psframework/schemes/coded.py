@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from functools import partial
 from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -250,7 +251,9 @@ class CodedWorkerBase(WorkerSide):
         if not self.dissemination.relayed or self.coded_packet(kind, layer):
             return data
         out = {peer: torch.empty_like(data) for peer in range(self.code.n) if peer != self.j}
-        shards = exchange_shards(self.link.peers, data, Msg.shard(iteration, layer, phase), out, self.k)
+        shards = exchange_shards(self.link.peers, data, Msg.shard(iteration, layer, phase), out, self.k,
+                                 interrupt=partial(self.link.serve, iteration))
+        self.link.forget_for_peers(iteration - self.settings.transport.detach_after)
         packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, self.shapes[(kind, layer)], torch.float32)

@@ -27,10 +27,10 @@ from psframework.schemes.driver import Event
 from psframework.settings import Settings
 
 
-# How long rank 0 waits for the conv gradients of the workers whose features it used, in units of the
-# forward round's time, before it computes a missing worker's share itself (a frozen worker must not
-# hold the round up; what rank 0 computes is what that worker would have sent).
-PATIENCE = 5.0
+# How long rank 0 waits for the conv gradients of the workers whose features it used (the longer of
+# these seconds and this many times the forward round) before it computes a missing worker's share
+# itself: a frozen worker must not hold the run up, and what rank 0 computes is what it would have sent.
+PATIENCE_S, PATIENCE_ROUNDS = 1.0, 10.0
 
 
 def features_envelope(iteration: int) -> Any:
@@ -63,7 +63,7 @@ class StanzaServer(DataParallelServer):
         grads = self.link.expect(Msg.grads(it), ranks)
         pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
         self.link.send(pieces, feature_grads_envelope(it), ranks)
-        replies = self.link.collect_within(grads, PATIENCE * forward_s + 0.05)
+        replies = self.link.collect_within(grads, max(PATIENCE_S, PATIENCE_ROUNDS * forward_s))
         for j, piece in zip(result.used, pieces):
             if j not in replies.data:  # a worker stalled after its features were used: do its backward here
                 replies.data[j] = self.conv_grads(step.indices[shards[j]], piece)

@@ -1,0 +1,185 @@
+"""Real stragglers: a worker frozen with SIGSTOP (no MPI progress at all) must not hold training up.
+
+Each test launches a training job under mpiexec, finds worker rank 2's process, stops it with
+SIGSTOP from here and lets it go on with SIGCONT, reading the run's progress from its metrics file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from psframework.launch import is_open_mpi, mpi_command, mpiexec_path
+from test_schemes_coded import COMMON, assert_same_model, losses
+from test_schemes_coded import reference  # noqa: F401 (a fixture: pytest finds it by name)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "digits_sazd.yaml")
+FROZEN_RANK = 2
+
+
+class Job:
+    """A training job under mpiexec whose ranks can be frozen and whose iterations can be counted."""
+
+    def __init__(self, out, *overrides, timeout=300, guard=False):
+        self.run_dir = out / "run"
+        self.mark = uuid.uuid4().hex
+        env = {"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "PSF_TEST_JOB": self.mark}
+        argv, full_env = mpi_command(5, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={out}",
+                                         "output.progress=lines", *overrides], timeout_s=timeout, env=env)
+        if guard:  # what hpc/psf-mpirun does with MPICH's mpiexec
+            at = argv.index(sys.executable)
+            argv[at:at] = ["-disable-auto-cleanup", sys.executable, "-m", "psframework.runtime.guard"]
+        self.log = open(out / "output.txt", "w+")
+        self.proc = subprocess.Popen(argv, env=full_env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.timeout = timeout
+
+    def lines(self):
+        for name in ("metrics.jsonl.partial", "metrics.jsonl"):
+            try:
+                with open(self.run_dir / name) as fh:
+                    return sum(1 for _ in fh)
+            except OSError:
+                continue
+        return 0
+
+    def wait_lines(self, count, limit_s=120.0):
+        end = time.monotonic() + limit_s
+        while self.lines() < count:
+            assert self.proc.poll() is None, f"the job ended early:\n{self.output()}"
+            assert time.monotonic() < end, f"fewer than {count} iterations after {limit_s} s:\n{self.output()}"
+            time.sleep(0.005)
+
+    def rate(self, seconds):
+        """Return iterations per second over the next `seconds` (up to the run's last iteration)."""
+        start, t0 = self.lines(), time.monotonic()
+        last, t_last = start, t0
+        while time.monotonic() - t0 < seconds:
+            time.sleep(0.05)
+            now = self.lines()
+            if now != last:
+                last, t_last = now, time.monotonic()
+        return (last - start) / max(t_last - t0, 1e-3), last
+
+    def pid(self, rank):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == self.proc.pid:
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if f"PSF_TEST_JOB={self.mark}".encode() in env and f"PMI_RANK={rank}".encode() in env:
+                return int(entry)
+        raise AssertionError(f"no process of rank {rank} found")
+
+    def finish(self):
+        code = self.proc.wait(timeout=self.timeout + 20)
+        output = self.output()
+        assert code == 0, output
+        assert "watchdog" not in output, output
+        return json.loads((self.run_dir / "summary.json").read_text()), output
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-6000:]
+
+
+def used_ranks_after(run_dir, iteration):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    used = set()
+    for row in rows:
+        if row["iteration"] > iteration:
+            for entry in row["used"]:
+                used.update(entry if isinstance(entry, list) else [entry])
+    return used
+
+
+# Iterations are chosen so that the run outlasts a 20 s freeze with time to spare on a 2-core machine.
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("overrides", [
+    ["scheme=sazd", "train.max_iterations=4000"],
+    ["scheme=poly", "train.max_iterations=4000"],
+    ["scheme=sazd-naive", "train.max_iterations=3000"],
+    ["scheme=ps", "train.backup_workers=1", "train.max_iterations=8000"],
+    ["scheme=stanza", "train.backup_workers=1", "train.max_iterations=8000"],
+], ids=["sazd", "poly", "sazd-naive", "ps", "stanza"])
+def test_a_frozen_worker_does_not_hold_training_up(tmp_path, overrides):
+    job = Job(tmp_path, "train.epochs=1000", "comm.timeout_s=10", *overrides)
+    job.wait_lines(30)
+    before, _ = job.rate(3.0)
+    pid = job.pid(FROZEN_RANK)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        during, frozen_until = job.rate(20.0)  # twice the watchdog's timeout
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    summary, output = job.finish()
+    assert during >= 0.7 * before, f"{during:.1f} it/s during the freeze, {before:.1f} before\n{output}"
+    assert frozen_until < summary["iterations"], "the run ended during the freeze: raise max_iterations"
+    events = [e for e in summary["membership"] if e["rank"] == FROZEN_RANK]
+    assert events and events[0]["readmitted_at"] is not None, summary["membership"]
+    assert FROZEN_RANK in used_ranks_after(job.run_dir, events[0]["readmitted_at"])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scheme", ["sazd", "poly", "sazd-naive"])
+def test_a_run_with_a_worker_frozen_most_of_the_time_matches_the_reference(tmp_path, reference, scheme):  # noqa: F811
+    # code.n=4, k=3 for every scheme here; poly decodes from any 3 of 4 as well
+    job = Job(tmp_path, f"scheme={scheme}", "train.verify_every=10", *COMMON)
+    job.wait_lines(1)
+    pid = job.pid(FROZEN_RANK)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        job.wait_lines(22)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    summary, output = job.finish()
+    assert any(e["rank"] == FROZEN_RANK for e in summary["membership"]), output
+    assert_same_model(job.run_dir, reference)
+    assert max(abs(a - b) for a, b in zip(losses(job.run_dir), losses(reference))) < 1e-4
+
+
+def rank_process(job, rank):
+    """Return the pid of a rank's training process (not the guard that runs it)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if (f"PSF_TEST_JOB={job.mark}".encode() in env and f"PMI_RANK={rank}".encode() in env
+                and b"mpi4py" in cmdline and b"guard" not in cmdline):
+            return int(entry)
+    raise AssertionError(f"no training process of rank {rank} found")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(is_open_mpi(mpiexec_path()), reason="the guard is for MPICH's process manager")
+def test_training_outlives_a_killed_worker_under_the_guard(tmp_path):
+    job = Job(tmp_path, "scheme=sazd", "train.max_iterations=600", "train.epochs=100", guard=True)
+    job.wait_lines(100)
+    os.kill(rank_process(job, FROZEN_RANK), signal.SIGKILL)
+    code = job.proc.wait(timeout=200)
+    output = job.output()
+    assert code != 0, output  # the process manager reports the killed rank's status
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["lost_workers"] == [FROZEN_RANK], output
+    assert len(losses(job.run_dir)) == 600 and summary["final_test_accuracy"] > 0.9, output
+    assert f"rank(s) {FROZEN_RANK} lost" in output and "watchdog" not in output, output
