@@ -109,6 +109,7 @@ class CommConfig:
     threads: int = 0
     window: int = 4
     detach_after: int = 2
+    progress_thread: Literal["auto", "true", "false"] = "auto"
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
 
 

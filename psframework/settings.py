@@ -38,6 +38,7 @@ class TransportSettings:
     dissemination: str = "direct"
     window: int = 4
     detach_after: int = 2
+    progress_thread: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
                       cfg.output.progress)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
-                                  c.emulate.latency_us, c.dissemination, c.window, c.detach_after)
+                                  c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
+                                  c.progress_thread)
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
                           t.lr_schedule, t.seed)
     return Settings(run, code_settings(cfg), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,

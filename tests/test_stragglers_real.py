@@ -109,11 +109,12 @@ def used_ranks_after(run_dir, iteration):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("overrides", [
     ["scheme=sazd", "train.max_iterations=4000"],
+    ["scheme=sazd", "comm.dissemination=relay", "train.max_iterations=4000"],
     ["scheme=poly", "train.max_iterations=4000"],
     ["scheme=sazd-naive", "train.max_iterations=3000"],
     ["scheme=ps", "train.backup_workers=1", "train.max_iterations=8000"],
     ["scheme=stanza", "train.backup_workers=1", "train.max_iterations=8000"],
-], ids=["sazd", "poly", "sazd-naive", "ps", "stanza"])
+], ids=["sazd", "sazd-relay", "poly", "sazd-naive", "ps", "stanza"])
 def test_a_frozen_worker_does_not_hold_training_up(tmp_path, overrides):
     job = Job(tmp_path, "train.epochs=1000", "comm.timeout_s=10", *overrides)
     job.wait_lines(30)
@@ -183,3 +184,28 @@ def test_training_outlives_a_killed_worker_under_the_guard(tmp_path):
     assert summary["lost_workers"] == [FROZEN_RANK], output
     assert len(losses(job.run_dir)) == 600 and summary["final_test_accuracy"] > 0.9, output
     assert f"rank(s) {FROZEN_RANK} lost" in output and "watchdog" not in output, output
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_the_watchdog_names_exactly_the_frozen_workers(tmp_path):
+    # n = 4, k = 3: with two workers frozen for good, rounds cannot go on; rank 0's watchdog must
+    # name those two, and fire before any healthy worker's (workers wait twice as long for rank 0).
+    job = Job(tmp_path, "scheme=sazd", "train.epochs=100", "comm.timeout_s=5")
+    job.wait_lines(30)
+    pids = [job.pid(rank) for rank in (2, 3)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        code = job.proc.wait(timeout=60)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    output = job.output()
+    assert code != 0 and time.monotonic() - t0 < 30, output
+    lines = [line for line in output.splitlines() if "watchdog" in line]
+    assert lines and all("no answer from rank(s) 2, 3 " in line for line in lines), output

@@ -159,7 +159,8 @@ def setting_of(cfg: Any) -> Dict[str, Any]:
             "link": None if link.bandwidth_gbps is None else {"bandwidth_gbps": link.bandwidth_gbps,
                                                               "latency_us": link.latency_us},
             "stragglers": {"model": cfg.stragglers.model, "ranks": list(cfg.stragglers.ranks),
-                           "factor": cfg.stragglers.factor}}
+                           "factor": cfg.stragglers.factor, "responsive": cfg.stragglers.responsive,
+                           "pause_s": cfg.stragglers.pause_s, "duty": cfg.stragglers.duty}}
 
 
 def case_inputs(case: Case, extra: Sequence[str]) -> Dict[str, Any]:

@@ -6,10 +6,12 @@ theirs until it has k packets, counting its own: with a straggler-tolerant code 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Optional
 
 from .envelope import Envelope
+from .errors import WatchdogTimeout
 from .transport import DEFAULT, FirstK, SendHandle, Transport
 
 
@@ -26,14 +28,14 @@ class ShardExchange:
             handle.wait(timeout_s)
 
 
-def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, out: Mapping[int, Any],
-                    k: Optional[int] = None, *, timeout_s: Any = DEFAULT,
-                    interrupt: Optional[Callable[[], None]] = None) -> ShardExchange:
+def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
+                    timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None) -> ShardExchange:
     """Send `packet` to every other rank of the transport and wait for k packets, own one included.
 
-    `out` maps every other rank to a receive buffer shaped like its packet. Receives are posted
-    before any send. Returns when k packets are in (all by default): `received.arrived` starts with
-    this rank, then the peers in arrival order; peers not in it are drained later by the transport.
+    Returns when k packets are in (all by default): `received.arrived` starts with this rank, then the
+    peers in the order their packets were seen. Every peer's messages come through its mailbox, taken
+    off the wire as they arrive whatever their iteration, so a peer that lags or skips ahead never
+    leaves a paced sender waiting for acknowledgements; packets of earlier iterations are dropped.
     `interrupt` is called while waiting and may raise to end the wait.
     """
     me, n = transport.rank, transport.size
@@ -41,19 +43,24 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, out: 
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (packets needed, own one included)")
     peers = [(me + i) % n for i in range(1, n)]  # rotated, so that not every rank sends to rank 0 first
-    extra = sorted(set(out) - set(peers))
-    if extra:
-        raise ValueError(f"out: got buffers for rank(s) {extra}, expected only peer ranks {sorted(peers)}")
-    if not peers:
-        return ShardExchange(FirstK(envelope, k, [me], 0.0, {me: packet}, []), [])
-    gather = transport.post_gather(sorted(peers), envelope, out)
+    boxes = {peer: transport.mailbox(peer) for peer in peers}
+    for box in boxes.values():
+        box.discard(lambda e: e.iteration >= envelope.iteration)
     sends = [transport.isend(peer, packet, envelope) for peer in peers]
-    if k == 1:
-        gather.release()
-        first = FirstK(envelope, 0, [], 0.0, {}, sorted(peers))
-    else:
-        first = gather.wait(k - 1, timeout_s=timeout_s, interrupt=interrupt)
+    start = time.perf_counter()
+    seen: List[int] = []
+
+    def enough() -> bool:
+        seen.extend(p for p in peers if p not in seen and boxes[p].holds(envelope))
+        if interrupt is not None:
+            interrupt()
+        return len(seen) >= k - 1
+
+    if not transport.wait_until(enough, timeout_s):
+        raise WatchdogTimeout([p for p in peers if p not in seen], str(envelope), transport.resolve_timeout(timeout_s),
+                              seen, k - 1)
+    wait_s = time.perf_counter() - start
     data = {me: packet}
-    data.update(first.data)
-    received = FirstK(envelope, k, [me] + first.arrived, first.wait_s, data, first.late)
-    return ShardExchange(received, sends)
+    data.update({p: boxes[p].take(envelope) for p in seen})
+    late = [p for p in peers if p not in seen]
+    return ShardExchange(FirstK(envelope, k, [me] + seen, wait_s, data, late), sends)

@@ -67,6 +67,10 @@ class Mailbox:
     def has(self, envelope: Envelope) -> bool:
         """Return whether the message of `envelope` has arrived."""
         self.progress()
+        return self.holds(envelope)
+
+    def holds(self, envelope: Envelope) -> bool:
+        """Return whether the message of `envelope` is among those taken in so far (no MPI calls)."""
         return (envelope.tag, envelope.iteration) in self.kept
 
     def wait_any(self, envelopes: Sequence[Envelope], timeout_s: Any = DEFAULT,

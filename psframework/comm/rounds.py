@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -369,7 +370,7 @@ class WorkerRounds:
     """
 
     def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0,
-                 patience: float = 2.0) -> None:
+                 patience: float = 2.0, progress_thread: Any = None) -> None:
         self.transport = transport
         self.roles = roles
         self.peers = peers  # the worker-to-worker transport, where the scheme has one
@@ -384,6 +385,16 @@ class WorkerRounds:
         timeout = transport.resolve_timeout()
         self.timeout_s = None if timeout is None else patience * timeout
         self.snapshot: Optional[Callable[[], Any]] = None  # the scheme's state, for a readmission elsewhere
+        self.progress_thread = progress_thread  # drives the MPI while this worker computes, if any
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Compute in the body (no MPI calls there): a progress thread, if any, keeps messages moving."""
+        if self.progress_thread is None:
+            yield
+            return
+        with self.progress_thread.busy():
+            yield
 
     @property
     def workers(self) -> Sequence[int]:
@@ -467,10 +478,23 @@ class WorkerRounds:
         if self.peers is not None:
             self.peers.progress()
 
-    def forget_for_peers(self, before: int) -> None:
-        """Drop the messages kept back for peers that are older than iteration `before` (they lag too far)."""
-        for peer in range(self.peers.size if self.peers is not None else 0):
-            self.peers.drop(peer, before)
+    def exchange(self, packet: Any, envelope: Envelope, k: int, forget_before: int) -> Any:
+        """Exchange packets with the other workers until k are in (relay dissemination); see exchange_shards.
+
+        Messages kept back for a peer from before iteration `forget_before` are dropped (it lags too
+        far to need them); the watchdog names silent peers by their ranks in the job.
+        """
+        from .exchange import exchange_shards
+
+        try:
+            shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
+                                     interrupt=partial(self.serve, envelope.iteration))
+        except WatchdogTimeout as exc:
+            raise WatchdogTimeout([self.workers[p] for p in exc.ranks], exc.what, exc.timeout_s,
+                                  [self.workers[p] for p in exc.arrived], exc.needed) from None
+        for peer in range(self.peers.size):
+            self.peers.drop(peer, forget_before)
+        return shards
 
     def stop(self, total: int) -> None:
         """Take the stop message, send the report, close the transport."""

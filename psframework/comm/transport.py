@@ -649,13 +649,30 @@ class Transport:
 
         Use it for every receive from that source: its header receive matches any tag. `progress()`
         and every wait of this transport serve it too, so messages keep moving while the rank computes.
+        There is one mailbox per source: asking again returns the same one.
         """
         from .mailbox import Mailbox
 
         self._check_rank(source, "source")
+        for box in self._mailboxes:
+            if box.source == source:
+                return box
         box = Mailbox(self, source)
         self._mailboxes.append(box)
         return box
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: Any = DEFAULT) -> bool:
+        """Serve every receive, mailbox and send until ready() holds; False once timeout_s has passed."""
+        timeout = self.resolve_timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = Backoff(self.poll_sleep_s)
+        while True:
+            self.progress()
+            if ready():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            backoff.pause()
 
     def receive_buffer(self, out: Any, info: Optional[TensorInfo] = None) -> WireBuffer:
         """Return the wire buffer a payload for `out` is received into (staged when MPI cannot take it)."""

@@ -21,6 +21,16 @@ class Node:
     transport: Any
     peers: Optional[Any]
     settings: TransportSettings
+    threads: Any = None  # the ThreadPlan of this rank
+
+    def wants_progress_thread(self) -> bool:
+        """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
+        has a core to spare for it (on a node with more ranks than cores it would take compute time)."""
+        choice = self.settings.progress_thread
+        if choice != "auto" or self.threads is None:
+            return choice == "true"
+        plan = self.threads
+        return plan.ranks_per_node * plan.threads < min(plan.cores_per_node, plan.usable_cores * plan.ranks_per_node)
 
     def emulation(self) -> Optional[Dict[str, float]]:
         """Return the emulated link settings and how long this rank's sends were held back, or None when off."""
@@ -78,7 +88,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     # descheduled, dead). Rank 0 is never paced against: a stalled rank 0 stalls the run anyway.
     world = transport(roles.comm, paced=roles.is_server)
     worker_peers = transport(roles.workers_comm, paced=True) if (peers and roles.is_worker) else None
-    return Node(roles, world, worker_peers, settings)
+    return Node(roles, world, worker_peers, settings, plan)
 
 
 def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,

@@ -26,9 +26,11 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
                             detach_after=settings.transport.detach_after, lost=LOSS)
         side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
         return run_server(settings, side, node.roles.size)
+    from psframework.runtime.progress import start_progress_thread
     from psframework.runtime.stragglers import start_freezer
 
-    link = WorkerRounds(node.transport, node.roles, node.peers)
+    progress = start_progress_thread(node.wants_progress_thread())
+    link = WorkerRounds(node.transport, node.roles, node.peers, progress_thread=progress)
     side = scheme.load(scheme.worker)(settings, link)
     freezer = start_freezer(settings.stragglers, node.roles.rank)
     try:
@@ -36,6 +38,8 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     finally:
         if freezer is not None:
             freezer.stop()
+        if progress is not None:
+            progress.close()
     return None
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from functools import partial
 from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -244,16 +243,12 @@ class CodedWorkerBase(WorkerSide):
 
     def receive(self, iteration: int, kind: str, layer: int) -> torch.Tensor:
         """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
-        from psframework.comm import exchange_shards
-
         phase = phase_of(kind)
         data = self.link.take(Msg.command(iteration, layer, phase))
         if not self.dissemination.relayed or self.coded_packet(kind, layer):
             return data
-        out = {peer: torch.empty_like(data) for peer in range(self.code.n) if peer != self.j}
-        shards = exchange_shards(self.link.peers, data, Msg.shard(iteration, layer, phase), out, self.k,
-                                 interrupt=partial(self.link.serve, iteration))
-        self.link.forget_for_peers(iteration - self.settings.transport.detach_after)
+        shards = self.link.exchange(data, Msg.shard(iteration, layer, phase), self.k,
+                                    forget_before=iteration - self.settings.transport.detach_after)
         packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, self.shapes[(kind, layer)], torch.float32)
@@ -302,14 +297,16 @@ class CodedWorkerSide(CodedWorkerBase):
         return kind == BACKWARD and not self.codings[layer].has_column_copy
 
     def compute(self, iteration: int, kind: str, layer: int, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
-        if kind == FORWARD:
-            return self.worker.on_forward(layer, x, reply=reply)
-        return self.worker.on_backward(layer, x, reply=reply)
+        with self.link.busy():
+            if kind == FORWARD:
+                return self.worker.on_forward(layer, x, reply=reply)
+            return self.worker.on_backward(layer, x, reply=reply)
 
     def after_reply(self, iteration: int, kind: str, layer: int, x: torch.Tensor) -> None:
         """Apply a backward command's update (every one, in order, even when the reply was skipped)."""
         if kind != BACKWARD:
             return
         scale_lr([self.worker.optimizers[layer]], self.schedule.lr_factor(iteration))
-        self.worker.update(layer, x, coded=self.coded_packet(kind, layer))
+        with self.link.busy():
+            self.worker.update(layer, x, coded=self.coded_packet(kind, layer))
         self.link.report.add("updates", 1)

@@ -52,8 +52,9 @@ class PSWorker(DataParallelWorker):
         t0 = time.perf_counter()
         for p in weights:
             p.grad = None
-        loss = F.cross_entropy(self.model(images), labels)
-        loss.backward()
+        with self.link.busy():
+            loss = F.cross_entropy(self.model(images), labels)
+            loss.backward()
         vector = torch.cat([flat([p.grad for p in weights]), flat(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, t0)
         self.link.reply(vector, Msg.grads(step.iteration))

@@ -96,7 +96,8 @@ class StanzaWorker(DataParallelWorker):
         t0 = time.perf_counter()
         for p in conv:
             p.grad = None
-        features = self.model.features(images)
+        with self.link.busy():
+            features = self.model.features(images)
         self.straggle(it, t0)
         self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next round or stop).
@@ -105,7 +106,8 @@ class StanzaWorker(DataParallelWorker):
             return
         grad = self.link.take(feature_grads_envelope(it))
         t0 = time.perf_counter()
-        features.backward(grad)
+        with self.link.busy():
+            features.backward(grad)
         vector = torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.model))])
         self.straggle(it, t0)
         self.link.reply(vector, Msg.grads(it))

@@ -67,8 +67,7 @@ def main() -> None:
     for it, dtype in rounds:
         mine = world.recv(0, down(it))
         assert same_bits(mine, packet(roles.rank, it, dtype))
-        out = {p: torch.empty(SHAPE, dtype=dtype) for p in range(n) if p != me}
-        ex = exchange_shards(peers, mine, shard(it), out)
+        ex = exchange_shards(peers, mine, shard(it))
         assert sorted(ex.received.arrived) == list(range(n)) and ex.received.arrived[0] == me
         for p, got in ex.received.data.items():
             assert same_bits(got, packet(world_of[p], it, dtype)), (it, dtype, p)
@@ -80,8 +79,7 @@ def main() -> None:
     slow = n - 1
     if me == slow:
         time.sleep(DELAY)
-    out = {p: torch.empty(SHAPE) for p in range(n) if p != me}
-    ex = exchange_shards(peers, mine, shard(it), out, k=n if me == slow else 2)
+    ex = exchange_shards(peers, mine, shard(it), k=n if me == slow else 2)
     if me == slow:
         assert sorted(ex.received.arrived) == list(range(n))
     else:
@@ -91,7 +89,9 @@ def main() -> None:
     for p in ex.received.arrived:
         assert same_bits(ex.received.data[p], packet(world_of[p], it, torch.float32))
 
-    # 3. iterations out of order between workers 0 and 1 of the worker communicator
+    # 3. iterations out of order between workers 0 and 1 of the worker communicator, on a transport
+    # of their own (the exchange above takes everything from its peers through mailboxes)
+    exchanged, peers = peers, Transport(roles.workers_comm, timeout_s=30.0)
     probe = Envelope(Kind.SHARD, 10, layer=7, phase=Phase.BACKWARD)
     if me == 1:
         peers.send(0, torch.tensor([11.0]), probe.with_iteration(11))  # iteration 10 skipped
@@ -112,12 +112,14 @@ def main() -> None:
         assert peers.stats.stale_discarded == 1, peers.stats
         assert not peers.has_message(1, Kind.SHARD, 7, Phase.BACKWARD)
 
-    report = peers.drain(5.0)
-    assert report.unfinished_sends == 0 and not peers.pending()[0], (report, peers.pending())
+    for transport in (exchanged, peers):
+        report = transport.drain(5.0)
+        assert report.unfinished_sends == 0 and not transport.pending()[0], (report, transport.pending())
     world.send(0, torch.tensor(1), Envelope(Kind.CONTROL, 99))
     world.drain(5.0)
     roles.comm.Barrier()
     peers.close()
+    exchanged.close()
     world.close()
     roles.free()
 
