@@ -8,7 +8,6 @@ arrive through the transport's own receive path (`receive_buffer`, `count_receiv
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
@@ -16,7 +15,7 @@ from mpi4py import MPI
 from .buffers import allocate
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
-from .transport import DEFAULT, Backoff, Transport
+from .transport import DEFAULT, Backoff, Deadline, Transport
 
 
 class Mailbox:
@@ -80,7 +79,7 @@ class Mailbox:
         `interrupt`, if given, is called at every poll: it may raise to end the wait early.
         """
         timeout = self.transport.resolve_timeout(timeout_s)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         backoff = Backoff(self.transport.poll_sleep_s)
         keys = [(e.tag, e.iteration) for e in envelopes]
         while True:
@@ -90,7 +89,7 @@ class Mailbox:
             for position, key in enumerate(keys):
                 if key in self.kept:
                     return position
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
             backoff.pause()
 

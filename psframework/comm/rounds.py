@@ -20,7 +20,7 @@ import numpy as np
 
 from .envelope import Envelope, Kind, Phase
 from .errors import TooFewWorkers, WatchdogTimeout
-from .transport import Backoff
+from .transport import Backoff, Deadline
 
 
 def _fields(envelope: Envelope) -> Tuple[int, int, int]:
@@ -208,14 +208,14 @@ class ServerRounds:
         """Wait until one of `ranks` asks to rejoin; return it (the watchdog names them all if none does)."""
         transport = self.transport
         timeout = transport.resolve_timeout()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         backoff = Backoff(transport.poll_sleep_s)
         while True:
             transport.progress()
             for rank in ranks:
                 if transport.has_message(rank, *_fields(Msg.rejoin(0))):
                     return rank
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 raise WatchdogTimeout(list(ranks), "a rejoin request of a detached worker", timeout, [], 1)
             backoff.pause()
 
@@ -442,14 +442,14 @@ class WorkerRounds:
                 self.peers.drop(peer)
         self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
         timeout = self.timeout_s
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         backoff = Backoff(self.transport.poll_sleep_s)
         while not self.inbox.has(Msg.stop(total)):
             self.progress()
             readmitted = self.inbox.iterations(Msg.readmit(0))
             if readmitted:
                 return readmitted[0], self.inbox.take(Msg.readmit(readmitted[0]))
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 raise WatchdogTimeout([self.server], "the answer to a rejoin request", timeout or 0.0)
             backoff.pause()
         return None

@@ -65,6 +65,33 @@ SPIN_S = 2e-3  # a waiting rank polls without sleeping this long first: large tr
 FIRST_SLEEP_S = 20e-6
 
 
+STALL_S = 0.5  # a gap this long between two polls of one wait: this process did not run meanwhile
+
+
+class Deadline:
+    """When a wait gives up: after `timeout_s` of waiting, not counting time this process was stopped.
+
+    A process that was frozen (SIGSTOP), swapped out or descheduled finds its deadline long past when
+    it runs again, though no peer was silent: a gap of more than STALL_S between two polls moves the
+    deadline on by the gap.
+    """
+
+    __slots__ = ("end", "last")
+
+    def __init__(self, timeout_s: Optional[float]) -> None:
+        now = time.monotonic()
+        self.end = None if timeout_s is None else now + timeout_s
+        self.last = now
+
+    def passed(self) -> bool:
+        """Return whether the wait has lasted its timeout (call it at every poll)."""
+        now = time.monotonic()
+        if self.end is not None and now - self.last > STALL_S:
+            self.end += now - self.last
+        self.last = now
+        return self.end is not None and now >= self.end
+
+
 class Backoff:
     """Pause between polls of a wait: spin first, then sleep, doubling up to `max_sleep_s`.
 
@@ -236,7 +263,7 @@ class Gather:
             raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (the number of sources)")
         timeout = self.transport.resolve_timeout(timeout_s)
         start = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         slots = list(self._slots.values())
 
         def enough() -> bool:
@@ -274,8 +301,7 @@ class Gather:
         """
         slots = list(self._slots.values())
         try:
-            self.transport._progress_until(lambda: all(s.state == _DONE for s in slots),
-                                           time.monotonic() + timeout_s)
+            self.transport._progress_until(lambda: all(s.state == _DONE for s in slots), Deadline(timeout_s))
         finally:
             if not keep:
                 self.release()
@@ -415,11 +441,11 @@ class Transport:
         if handle.test():
             self._sweep_sends()
             return
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         backoff = Backoff(self.poll_sleep_s)
         while not handle.test():
             self.progress()
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 raise WatchdogTimeout([handle.dest], f"the send of {handle.envelope}", timeout)
             backoff.pause()
         self._sweep_sends()
@@ -435,7 +461,7 @@ class Transport:
         return self._wait_slot(slot, self.resolve_timeout(timeout_s))
 
     def _wait_slot(self, slot: _Slot, timeout: Optional[float]) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             if not self._progress_until(lambda: slot.state == _DONE, deadline):
                 raise WatchdogTimeout([slot.source], str(slot.envelope), timeout or 0.0)
@@ -664,13 +690,13 @@ class Transport:
     def wait_until(self, ready: Callable[[], bool], timeout_s: Any = DEFAULT) -> bool:
         """Serve every receive, mailbox and send until ready() holds; False once timeout_s has passed."""
         timeout = self.resolve_timeout(timeout_s)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         backoff = Backoff(self.poll_sleep_s)
         while True:
             self.progress()
             if ready():
                 return True
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 return False
             backoff.pause()
 
@@ -683,7 +709,7 @@ class Transport:
         self.stats.received_bytes += nbytes
 
     # -- progress, waiting and draining ---------------------------------------------------------
-    def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Optional[float],
+    def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Deadline,
                    interrupt: Optional[Callable[[], None]] = None) -> Tuple[List[int], List[int]]:
         """Poll until some requests complete or fail (see test_each) or the deadline passes (nothing then)."""
         backoff = Backoff(self.poll_sleep_s)
@@ -694,11 +720,11 @@ class Transport:
             done, failed = test_each(requests, statuses)
             if done or failed:
                 return done, failed
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 return [], []
             backoff.pause()
 
-    def _progress_until(self, done: Callable[[], bool], deadline: Optional[float],
+    def _progress_until(self, done: Callable[[], bool], deadline: Deadline,
                         interrupt: Optional[Callable[[], None]] = None) -> bool:
         """Serve all posted receives until done() holds or the deadline passes; return done()."""
         while not done():
@@ -746,7 +772,7 @@ class Transport:
         """Let outstanding receives and sends finish for up to timeout_s, then cancel unanswered receives."""
         if timeout_s is None or timeout_s < 0:
             raise ValueError(f"timeout_s: got {timeout_s!r}, expected a number >= 0")
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         for slot in self._live.values():
             slot.awaited = False
         before = len(self._live) + len(self._draining)
@@ -755,7 +781,7 @@ class Transport:
         cancelled = sum(self._retire(slot) for slot in list(self._live.values()))
         self._progress_until(lambda: not self._draining, deadline)
         backoff = Backoff(self.poll_sleep_s)
-        while self._sends and time.monotonic() < deadline:
+        while self._sends and not deadline.passed():
             self._sweep_sends()
             backoff.pause()
         self._sweep_sends()

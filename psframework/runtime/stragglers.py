@@ -141,15 +141,16 @@ finally:
 
 
 class Freezer:
-    """Freeze this process periodically from a helper process (SIGSTOP, then SIGCONT), as the freeze model says."""
+    """Freeze a process (this one by default) periodically from a helper process (SIGSTOP, then SIGCONT)."""
 
-    def __init__(self, spec: StragglerSpec) -> None:
+    def __init__(self, spec: StragglerSpec, pid: "int | None" = None) -> None:
         import os
         import subprocess
         import sys
 
         run_s = spec.pause_s * (1.0 - spec.duty) / spec.duty
-        self.process = subprocess.Popen([sys.executable, "-c", _FREEZER, str(os.getpid()), str(spec.pause_s),
+        target = os.getpid() if pid is None else pid
+        self.process = subprocess.Popen([sys.executable, "-c", _FREEZER, str(target), str(spec.pause_s),
                                          str(run_s)], stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
