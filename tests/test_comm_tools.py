@@ -117,10 +117,23 @@ def dry_run(env: Dict[str, str], *args: str) -> List[str]:
     return proc.stdout.split()
 
 
-def mpiexec_command(mpiexec: str, python: str, *args: str) -> List[str]:
-    """Return the mpiexec command line psf-mpirun should build on 3 ranks."""
-    extra = ["--oversubscribe"] if is_open_mpi(mpiexec) else []
-    return [mpiexec, "-n", "3", *extra, python, "-m", "mpi4py", "-m", "psframework", *args]
+def mpiexec_command(mpiexec: str, python: str, *args: str, tolerant: bool = True) -> List[str]:
+    """Return the mpiexec command line psf-mpirun should build on 3 ranks.
+
+    Fault tolerant (the default): MPICH runs every rank under the guard with -disable-auto-cleanup;
+    Open MPI gets --with-ft ulfm where its ompi_info reports ULFM.
+    """
+    guard: List[str] = []
+    if is_open_mpi(mpiexec):
+        extra = ["--oversubscribe"]
+        info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
+        if tolerant and os.access(info, os.X_OK) and "FT MPI support: yes" in subprocess.run(
+                [info], capture_output=True, text=True).stdout:
+            extra += ["--with-ft", "ulfm"]
+    else:
+        extra = ["-disable-auto-cleanup"] if tolerant else []
+        guard = [python, "-m", "psframework.runtime.guard"] if tolerant else []
+    return [mpiexec, "-n", "3", *extra, *guard, python, "-m", "mpi4py", "-m", "psframework", *args]
 
 
 def test_psf_mpirun_runs_the_chosen_interpreter_and_its_mpiexec(tmp_path):
@@ -135,6 +148,8 @@ def test_psf_mpirun_runs_the_chosen_interpreter_and_its_mpiexec(tmp_path):
         beside, os.path.join(chosen, "bin", "python"), *args[2:])
     assert dry_run(wrapper_env(PSF_VENV=chosen, PSF_PYTHON=sys.executable), *args) == mpiexec_command(
         mpiexec_path(), sys.executable, *args[2:])
+    assert dry_run(wrapper_env(PSF_VENV=chosen, PSF_FAULT_TOLERANT="0"), *args) == mpiexec_command(
+        beside, os.path.join(chosen, "bin", "python"), *args[2:], tolerant=False)
     proc = subprocess.run([WRAPPER, "--dry-run", "-n", "2", "doctor"], env=wrapper_env(PSF_VENV=str(tmp_path)),
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "PSF_VENV: got" in proc.stderr, describe(proc)

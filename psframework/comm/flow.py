@@ -52,6 +52,7 @@ class FlowControl:
         # One credit receive per destination paced to, not one from any source: a receive from any
         # source could fail for every source once one rank dies.
         self._incoming: Dict[int, Tuple[Any, np.ndarray]] = {}
+        self._status = MPI.Status()
         self._credit_sends: List[Tuple[Any, np.ndarray]] = []
 
     @property
@@ -100,12 +101,11 @@ class FlowControl:
     def poll(self) -> None:
         """Take in the credit messages that have arrived; post what their acks let go."""
         for rank, (request, buf) in list(self._incoming.items()):
-            try:
-                if not request.Test():
-                    continue
-            except MPI.Exception:
+            outcome = test_one(request, self._status)
+            if outcome is None:
                 del self._incoming[rank]
                 self._failed(rank)
+            if not outcome:
                 continue
             ack = int(buf[0])
             self._expect_credit(rank)
@@ -165,3 +165,18 @@ def _done(request: Any, wait: bool = False) -> bool:
         return bool(request.Test())
     except MPI.Exception:
         return True
+
+
+def test_one(request: Any, status: Any) -> Optional[bool]:
+    """Test a request: True once it completed, False while not, None if it failed (its peer died, say).
+
+    An MPI reports a failed request either as an error of the call (MPICH) or in the status of a
+    request that completed (Open MPI with ULFM): both count.
+    """
+    status.Set_error(MPI.SUCCESS)
+    try:
+        if not request.Test(status):
+            return False
+    except MPI.Exception:
+        return None
+    return True if status.Get_error() == MPI.SUCCESS else None

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from .buffers import allocate
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
+from .flow import test_one
 from .transport import DEFAULT, Backoff, Deadline, Transport
 
 
@@ -35,7 +36,13 @@ class Mailbox:
     def progress(self) -> None:
         """Take in every message that has arrived by now."""
         status = MPI.Status()
-        while self._request is not None and self._request.Test(status):
+        while self._request is not None:
+            outcome = test_one(self._request, status)
+            if not outcome:
+                if outcome is None:  # the source died: nothing more comes from it
+                    self._request = None
+                    self.transport.peer_failed(self.source)
+                return
             tag = status.Get_tag()
             if self._pending is None:
                 header = decode_header(self._header)

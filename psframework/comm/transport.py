@@ -31,7 +31,7 @@ from .cuda import resolve_cuda_aware
 from .envelope import (MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, encode_header, make_tag,
                        new_header_buffer, set_flow)
 from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
-from .flow import FlowControl
+from .flow import FlowControl, test_one
 
 DEFAULT: Any = object()  # "use the transport's timeout_s"
 
@@ -44,16 +44,16 @@ ARRIVED, LATE, SUPERSEDED, CANCELLED, FAILED = "arrived", "late", "superseded", 
 def test_each(requests: Sequence[Any], statuses: List[Any]) -> Tuple[List[int], List[int]]:
     """Test requests one by one; return the indices that completed (their statuses in order) and those that failed.
 
-    One at a time because a request that fails (its peer died, say) must be told apart from the
-    others: a failing Testsome reports an error but not which request it came from.
+    One at a time because a request that fails must be told apart from the others: a failing
+    Testsome reports an error but not which request it came from.
     """
     done: List[int] = []
     failed: List[int] = []
     for i, request in enumerate(requests):
-        try:
-            if request.Test(statuses[len(done)]):
-                done.append(i)
-        except MPI.Exception:
+        outcome = test_one(request, statuses[len(done)])
+        if outcome:
+            done.append(i)
+        elif outcome is None:
             failed.append(i)
     return done, failed
 
