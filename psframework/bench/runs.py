@@ -242,9 +242,11 @@ def header(report: Mapping[str, Any], title: str) -> List[str]:
              f"Command: `{report['command']}` (runs each case below under `mpiexec`, one after another).",
              f"Machine: {report['machine']}. Date: {report['date']}.", ""]
     configs: Dict[str, List[str]] = {}  # setting in words: the configs that train it
-    for case in (inputs.get("cases") or {}).values():
+    cases = list((inputs.get("cases") or {}).values())
+    plain = {c["config"] for c in cases if not c["overrides"]}  # configs some case trains as they are
+    for case in cases:
         named = configs.setdefault(setting_text(case["setting"]), [])
-        if case["config"] not in named and not case["overrides"]:
+        if case["config"] not in named and (not case["overrides"] or case["config"] not in plain):
             named.append(case["config"])
     for text, named in configs.items():
         if named:

@@ -54,7 +54,9 @@ def _lag(summary: Mapping[str, Any], ranks: Sequence[int]) -> str:
     parts = []
     for rank in ranks:
         w = (summary.get("workers") or {}).get(str(rank))
-        if w:
+        if w and not w["replies_sent"] + w["replies_skipped"]:
+            parts.append(f"rank {rank} answered no command")
+        elif w:
             parts.append(f"rank {rank} skipped {w['replies_skipped']:.0f} of "
                          f"{w['replies_sent'] + w['replies_skipped']:.0f} replies and fell up to "
                          f"{w['max_behind']:.0f} commands behind, applying {w['updates']:.0f} updates")
