@@ -323,7 +323,9 @@ class Transport:
     `poll_sleep_s` bounds the sleep between polls once a wait has spun a while (0 spins; None picks
     0 when every rank of the node has a core, else 1 ms). Not thread-safe: one thread per Transport. `send_hook`, if
     given, is called as hook(dest, envelope, nbytes) right before each message is posted: the one
-    place every outgoing message passes through.
+    place every outgoing message passes through. `window` paces the sends: at most that many
+    messages in flight per destination, the rest kept back (flow.py; None sends everything at once).
+    A request that fails (its peer died) ends that peer's receives; the rank is then in `failed`.
     """
 
     def __init__(self, comm: Any = None, *, cuda_aware: Any = "auto", timeout_s: Optional[float] = None,
