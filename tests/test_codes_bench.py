@@ -236,9 +236,10 @@ def test_the_scheme_case_file_plans_its_cases_from_the_configs(in_root):
 
 def test_the_straggler_case_file_plans_its_cases_from_the_configs(in_root):
     plan = runs.plan(cases.load(stragglers.BENCHMARK.cases_file), [])
-    assert [c.label for c in plan] == ["sazd, none", "sazd, straggler", "uncoded, none", "uncoded, straggler",
-                                       "sazd-naive, none"]
-    assert [runs.case_inputs(c, [])["ranks"] for c in plan] == [5, 5, 4, 4, 5]
+    assert [c.label for c in plan] == ["sazd, none", "sazd, 5x slow", "sazd, frozen 80%", "uncoded, none",
+                                       "uncoded, 5x slow", "uncoded, frozen 80%", "sazd-naive, none",
+                                       "sazd digits, none", "sazd digits, 5x slow"]
+    assert [runs.case_inputs(c, [])["ranks"] for c in plan] == [5, 5, 5, 4, 4, 4, 5, 5, 5]
 
 
 def test_scheme_report_renders_figures_derived_from_its_inputs(in_root):
@@ -280,26 +281,36 @@ def test_scheme_report_renders_figures_derived_from_its_inputs(in_root):
 def test_straggler_report_describes_the_straggler_it_recorded(in_root, tmp_path):
     with open(stragglers.BENCHMARK.cases_file) as fh:
         data = yaml.safe_load(fh)
-    for case in data["cases"]:
-        if case.get("overrides", [""])[0].startswith("stragglers"):
-            case["overrides"] = ["stragglers.model=fixed", "stragglers.ranks=[3]", "stragglers.factor=3"]
+    for case in data["cases"]:  # every straggler becomes rank 3, 3x slow
+        others = [o for o in case.get("overrides", []) if not o.startswith("stragglers.")]
+        if len(others) < len(case.get("overrides", [])):
+            case["overrides"] = others + ["stragglers.model=fixed", "stragglers.ranks=[3]", "stragglers.factor=3"]
     (tmp_path / "cases.yaml").write_text(yaml.safe_dump(data))
     spec = cases.load(str(tmp_path / "cases.yaml"))
     slow = training_summary("sazd", 4, 3, 0.5, 40.0, 10.0)
     slow["workers"]["3"].update(replies_sent=2.0, replies_skipped=18.0, max_behind=17.0)
+    slow["membership"] = [{"rank": 3, "detached_at": 4, "readmitted_at": 9}]
     summaries = {"sazd": training_summary("sazd", 4, 3, 0.4, 40.0, 10.0), "sazd_straggler": slow,
+                 "sazd_frozen": training_summary("sazd", 4, 3, 0.2, 40.0, 10.0),
                  "uncoded": training_summary("uncoded", 3, 3, 0.3, 30.0, 10.0),
                  "uncoded_straggler": training_summary("uncoded", 3, 3, 0.9, 30.0, 10.0),
-                 "naive": training_summary("sazd-naive", 4, 3, 0.6, 100.0, 10.0)}
+                 "uncoded_frozen": training_summary("uncoded", 3, 3, 1.2, 30.0, 10.0),
+                 "naive": training_summary("sazd-naive", 4, 3, 0.6, 100.0, 10.0),
+                 "digits": training_summary("sazd", 4, 3, 0.01, 4.0, 1.0),
+                 "digits_straggler": training_summary("sazd", 4, 3, 0.011, 4.0, 1.0)}
     report = training_report(stragglers, spec, summaries, ["train.lr=0.1"])
     assert report["ratios"] == pytest.approx({"sazd_straggler_over_none": 1.25, "uncoded_straggler_over_none": 3.0,
+                                              "sazd_frozen_over_none": 0.5, "uncoded_frozen_over_none": 4.0,
+                                              "digits_straggler_over_none": 1.1,
                                               "naive_over_sazd_time": 1.5, "naive_over_sazd_bytes": 2.5})
     md = stragglers.render(report, None)
-    assert "worker rank(s) 3, each sleeping 2x its own compute time" in md and "takes 3x as long" in md
+    assert "(worker rank(s) 3 sleep 2x their own compute time after every reply they compute" in md
+    assert "take 3x as long, making no MPI progress while they sleep" in md
     assert "first 3 of 4 replies; rank 3 skipped 18 of 20 replies and fell up to 17 commands behind" in md
-    assert "rank 2" not in md and "5x" not in md
-    assert "| sazd, straggler | 4 | 3 | 500.0 | 250.0 |" in md and "**1.25**" in md and "**3.00**" in md
-    assert "`uncoded, straggler` over `uncoded, none`: **3.00** (rank 0 waits for 3 of 3 replies every round)" in md
+    assert "rank 3 was detached 1 time(s) for falling behind and readmitted 1 time(s)" in md
+    assert "rank 2" not in md and "5x" not in md  # the slowed rank and the factor come from the settings
+    assert "| sazd, 3x slow | 4 | 3 | 500.0 | 250.0 |" in md and "**1.25**" in md and "**3.00**" in md
+    assert "`uncoded, 3x slow` over `uncoded, none`: **3.00** (rank 0 waits for 3 of 3 replies every round)" in md
     assert ("`sazd-naive, none` over `sazd, none`: iteration time **1.50x**, server bytes sent per iteration "
             "**2.50x**") in md
     md = stragglers.render(report, block(sazd=("ratios.sazd_straggler_over_none", None, 1.3),
