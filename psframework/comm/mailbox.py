@@ -16,7 +16,7 @@ from .buffers import allocate
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
 from .flow import test_one
-from .transport import DEFAULT, Backoff, Deadline, Transport
+from .transport import DEFAULT, Transport
 
 
 class Mailbox:
@@ -85,20 +85,19 @@ class Mailbox:
 
         `interrupt`, if given, is called at every poll: it may raise to end the wait early.
         """
-        timeout = self.transport.resolve_timeout(timeout_s)
-        deadline = Deadline(timeout)
-        backoff = Backoff(self.transport.poll_sleep_s)
         keys = [(e.tag, e.iteration) for e in envelopes]
-        while True:
-            self.transport.progress()
+        found: List[int] = []
+
+        def ready() -> bool:
             if interrupt is not None:
                 interrupt()
-            for position, key in enumerate(keys):
-                if key in self.kept:
-                    return position
-            if deadline.passed():
-                raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
-            backoff.pause()
+            found[:] = [position for position, key in enumerate(keys) if key in self.kept][:1]
+            return bool(found)
+
+        if not self.transport.wait_until(ready, timeout_s):
+            timeout = self.transport.resolve_timeout(timeout_s)
+            raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
+        return found[0]
 
     def iterations(self, envelope: Envelope) -> List[int]:
         """Return the iterations of the messages kept with the envelope's kind, layer and phase, ascending."""

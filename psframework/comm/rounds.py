@@ -20,7 +20,6 @@ import numpy as np
 
 from .envelope import Envelope, Kind, Phase
 from .errors import TooFewWorkers, WatchdogTimeout
-from .transport import Backoff, Deadline
 
 
 def _fields(envelope: Envelope) -> Tuple[int, int, int]:
@@ -206,18 +205,16 @@ class ServerRounds:
 
     def first_rejoin(self, ranks: Sequence[int]) -> int:
         """Wait until one of `ranks` asks to rejoin; return it (the watchdog names them all if none does)."""
-        transport = self.transport
-        timeout = transport.resolve_timeout()
-        deadline = Deadline(timeout)
-        backoff = Backoff(transport.poll_sleep_s)
-        while True:
-            transport.progress()
-            for rank in ranks:
-                if transport.has_message(rank, *_fields(Msg.rejoin(0))):
-                    return rank
-            if deadline.passed():
-                raise WatchdogTimeout(list(ranks), "a rejoin request of a detached worker", timeout, [], 1)
-            backoff.pause()
+        asking: List[int] = []
+
+        def asked() -> bool:
+            asking[:] = [r for r in ranks if self.transport.has_message(r, *_fields(Msg.rejoin(0)))]
+            return bool(asking)
+
+        if not self.transport.wait_until(asked):
+            raise WatchdogTimeout(list(ranks), "a rejoin request of a detached worker",
+                                  self.transport.resolve_timeout(), [], 1)
+        return asking[0]
 
     def readmit(self, rank: int, iteration: int, state_for: Callable[[int, int], Any]) -> None:
         """Take a worker's rejoin request and send it a fresh state to go on from `iteration`."""
@@ -231,8 +228,8 @@ class ServerRounds:
     def detach_laggards(self, ranks: Sequence[int]) -> None:
         """Detach every rank whose oldest kept-back message is more than `detach_after` iterations old."""
         for rank in ranks:
-            backlog = self.transport.backlog(rank)
-            if backlog and self.iteration - backlog[0].envelope.iteration >= self.members.detach_after:
+            oldest = self.transport.oldest_kept(rank)
+            if oldest is not None and self.iteration - oldest >= self.members.detach_after:
                 self.detach(rank)
 
     def detach(self, rank: int) -> None:
@@ -424,7 +421,6 @@ class WorkerRounds:
 
     def serve(self, iteration: int) -> None:
         """Raise Detached if the server left this worker out; answer snapshot requests up to `iteration`."""
-        self.inbox.progress()
         detached = self.inbox.iterations(Msg.detach(0))
         if detached:
             raise Detached(detached[0])
@@ -441,18 +437,16 @@ class WorkerRounds:
             for peer in range(self.peers.size):
                 self.peers.drop(peer)
         self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
-        timeout = self.timeout_s
-        deadline = Deadline(timeout)
-        backoff = Backoff(self.transport.poll_sleep_s)
-        while not self.inbox.has(Msg.stop(total)):
-            self.progress()
-            readmitted = self.inbox.iterations(Msg.readmit(0))
-            if readmitted:
-                return readmitted[0], self.inbox.take(Msg.readmit(readmitted[0]))
-            if deadline.passed():
-                raise WatchdogTimeout([self.server], "the answer to a rejoin request", timeout or 0.0)
-            backoff.pause()
-        return None
+
+        def answered() -> bool:
+            return self.inbox.holds(Msg.stop(total)) or bool(self.inbox.iterations(Msg.readmit(0)))
+
+        if not self.transport.wait_until(answered, self.timeout_s):
+            raise WatchdogTimeout([self.server], "the answer to a rejoin request", self.timeout_s or 0.0)
+        if self.inbox.holds(Msg.stop(total)):
+            return None
+        iteration = self.inbox.iterations(Msg.readmit(0))[0]
+        return iteration, self.inbox.take(Msg.readmit(iteration))
 
     def reply(self, data: Any, envelope: Envelope, count: bool = True) -> None:
         """Send a reply to the server and let it leave before computing on (it needs this rank's progress).
@@ -461,10 +455,7 @@ class WorkerRounds:
         `count`: the reply completes this worker's part of a round (the report counts it).
         """
         handle = self.transport.isend(self.server, data, envelope)
-        backoff = Backoff(self.transport.poll_sleep_s)
-        while not handle.test() and not self.inbox.kept:
-            self.transport.progress()
-            backoff.pause()
+        self.transport.wait_until(lambda: handle.test() or bool(self.inbox.kept), None)
         if count:
             self.report.sent()
 
@@ -487,8 +478,9 @@ class WorkerRounds:
         from .exchange import exchange_shards
 
         try:
+            # The waits of the peers' transport do not serve the server's inbox: take it in here.
             shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                     interrupt=partial(self.serve, envelope.iteration))
+                                     interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)))
         except WatchdogTimeout as exc:
             raise WatchdogTimeout([self.workers[p] for p in exc.ranks], exc.what, exc.timeout_s,
                                   [self.workers[p] for p in exc.arrived], exc.needed) from None

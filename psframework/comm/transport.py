@@ -422,6 +422,11 @@ class Transport:
         """Return the messages flow control keeps back for `dest`, oldest first."""
         return self.flow.backlog(dest)
 
+    def oldest_kept(self, dest: int) -> Optional[int]:
+        """Return the iteration of the oldest message kept back for `dest`, or None (checked after every send)."""
+        queue = self.flow.peer(dest).queue
+        return queue[0].envelope.iteration if queue else None
+
     def drop(self, dest: int, before: Optional[int] = None) -> int:
         """Drop the messages kept back for `dest` (all, or those of iterations before `before`); return how many."""
         return self._drop(self.flow.drop(dest, before))
