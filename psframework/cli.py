@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 from typing import Optional, Sequence
 
 from psframework import __version__, environment
@@ -40,25 +41,36 @@ def _fail(message: str, rank: int = 0) -> int:
     return EXIT_USAGE
 
 
+def _end_cleanly(comm: object, status: int) -> int:
+    """Finalize MPI before returning `status`: every rank agreed to stop, so no MPI_Abort (and its extra lines)."""
+    if comm is not None:
+        from mpi4py import MPI
+
+        MPI.Finalize()
+    return status
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     rank, size, comm = _world()
     try:
         settings = make_settings(load_config(args.config, args.overrides), world_size=size)
     except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
-        status = _fail(str(exc), rank)
-        if comm is not None:
-            from mpi4py import MPI
-
-            MPI.Finalize()
-        return status
+        return _end_cleanly(comm, _fail(str(exc), rank))
     from psframework.schemes import train
 
     from psframework.comm.errors import TooFewWorkers, WatchdogTimeout
     from psframework.runtime.node import LOSS
+    from psframework.schemes.startup import RunEnds
 
     try:
         train(settings, comm=comm)
+    except RunEnds as exc:
+        # Every rank agreed to end here: one line from rank 0, then a clean exit everywhere.
+        if rank == 0:
+            print(f"psf: error: {exc}" if exc.status else str(exc), file=sys.stderr if exc.status else sys.stdout,
+                  flush=True)
+        return _end_cleanly(comm, exc.status)
     except (ConfigError, DatasetError) as exc:
         # Only this rank may have failed: report it and abort the job so that no rank hangs.
         print(f"psf: error: {exc}", file=sys.stderr, flush=True)
@@ -89,7 +101,13 @@ def last_checkpoint(run_dir: str) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
-        make_settings(cfg, world_size=args.world_size)
+        settings = make_settings(cfg, world_size=args.world_size)
+        if args.machine:
+            from psframework.schemes.preflight import SERVER, WORKER, check_machine, check_memory
+
+            check_machine(settings)
+            for role in (SERVER, WORKER):
+                check_memory(settings, role)
     except ConfigError as exc:
         return _fail(str(exc))
     sys.stdout.write(dump_config(cfg))
@@ -135,10 +153,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return int(doctor.main(args.rest) or 0)
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, like every other psf error."""
+
+    def error(self, message: str) -> "typing.NoReturn":
+        self.exit(EXIT_USAGE, f"psf: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the `psf` command."""
-    parser = argparse.ArgumentParser(prog="psf", description="Straggler-tolerant MPI parameter-server "
-                                     "training for CNNs (Stanza layer separation, SAZD coded training).")
+    parser = Parser(prog="psf", description="Straggler-tolerant MPI parameter-server training for CNNs "
+                    "(Stanza layer separation, SAZD coded training).")
     parser.add_argument("--version", action="version", version=f"psframework {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -154,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config("check", "validate a config and print it resolved")
     p.add_argument("--world-size", type=int, default=None,
                    help="also check the config against this MPI world size")
+    p.add_argument("--machine", action="store_true",
+                   help="also check this machine: the GPU for device cuda, dataset and output paths, memory")
     p.set_defaults(func=cmd_check)
     p = with_config("model-info", "print per-layer parameters and activation sizes")
     p.set_defaults(func=cmd_model_info)

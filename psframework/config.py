@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, List, Literal, Mapping, Optional, Sequence, Union
@@ -16,8 +18,45 @@ MODELS = ("lenet5", "vgg-small", "alexnet-small")
 LINEAR_OPTIMIZERS = ("sgd",)
 
 
+SEED_MAX = 2**32 - 1
+
+
 class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range."""
+
+
+# ---------------------------------------------------------------- YAML
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping gives the same key twice (plain YAML would keep only the last)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with the number notations people write (1e-3, 5E4) and no duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise yaml.constructor.ConstructorError(None, None, f"unsupported key {key!r}, expected a name",
+                                                        key_node.start_mark)
+            if key in seen:
+                raise DuplicateKeyError(None, None, f"duplicate key {key!r} (first given on line {seen[key]})",
+                                        key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads a float only with a dot ("1.0e-3"); people also write 1e-3 and 5E4.
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML text as configs are read: safe types, 1e-3 numbers, duplicate keys refused."""
+    return yaml.load(text, Loader=_Loader)
 
 
 @dataclass
@@ -69,6 +108,7 @@ class TrainConfig:
     verify_every: int = 0
     checkpoint_every: int = 0
     resume: Optional[str] = None
+    resume_force: bool = False
     backup_workers: int = 0
 
 
@@ -117,6 +157,7 @@ class CommConfig:
 class OutputConfig:
     dir: str = "runs"
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    overwrite: bool = False
 
 
 @dataclass
@@ -192,16 +233,22 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             raise bad
         return value
     if tp is int:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)  # 5e4 reads as a float
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
+        if isinstance(value, int) and abs(value) > 1e300 or not math.isfinite(value):
+            raise ConfigError(f"{key}: got {value!r}, expected a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
             raise bad
+        if "\x00" in value:
+            raise ConfigError(f"{key}: got {value!r}, expected text without NUL characters")
         return value
     raise TypeError(f"unsupported config type {tp!r} for {key}")
 
@@ -239,7 +286,7 @@ def parse_override(text: str) -> tuple:
         raise ConfigError(f"override {text!r}: expected key=value, for example train.lr=0.1")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = read_yaml(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -266,11 +313,57 @@ def validate(cfg: Config) -> Config:
     _check_comm(cfg.comm)
     _check_model(cfg.model)
     _check_data(cfg.data)
-    if cfg.device == "cuda":
-        import torch
-
-        _require(torch.cuda.is_available(), "device: got 'cuda' but torch sees no CUDA device; use cpu or auto")
+    _check_bounds(cfg)
+    _check_geometry(cfg)
     return cfg
+
+
+# Upper (and remaining lower) bounds of numbers: beyond them a value is a typo, not an experiment.
+_BOUNDS = {
+    "data.batch_size": (1, 10**7), "data.test_batch_size": (1, 10**7), "data.seed": (0, SEED_MAX),
+    "data.synthetic.channels": (1, 4096), "data.synthetic.height": (1, 4096), "data.synthetic.width": (1, 4096),
+    "data.synthetic.classes": (2, 100_000), "data.synthetic.train_size": (1, 10**8),
+    "data.synthetic.test_size": (1, 10**8), "data.synthetic.noise": (0.0, 1e6),
+    "model.input_size": (4, 4096), "model.channels": (1, 65_536), "model.fc": (1, 10**6),
+    "train.epochs": (1, 10**6), "train.max_iterations": (1, 10**9), "train.lr": (0.0, 1e3),
+    "train.head_lr": (0.0, 1e3), "train.weight_decay": (0.0, 1.0), "train.seed": (0, SEED_MAX),
+    "train.eval_every": (0, 10**9), "train.verify_every": (0, 10**9), "train.checkpoint_every": (0, 10**9),
+    "code.n": (1, 1024), "code.k": (1, 1024), "code.symbol_channels": (1, 65_536),
+    "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),
+    "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3), "stragglers.ranks": (1, 1024),
+    "comm.timeout_s": (0.0, 1e6), "comm.threads": (0, 1024), "comm.detach_after": (1, 10**6),
+    "comm.emulate.bandwidth_gbps": (0.0, 1e6), "comm.emulate.latency_us": (0.0, 1e7),
+}
+
+
+def _lookup(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _check_bounds(cfg: Config) -> None:
+    """Check every bounded number against its range (each element of a list)."""
+    for key, (lo, hi) in _BOUNDS.items():
+        value = _lookup(cfg, key)
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        for v in values:
+            _require(lo <= v <= hi, f"{key}: got {v}, expected {lo}..{hi}")
+
+
+def _check_geometry(cfg: Config) -> None:
+    """Build the model's layers on torch's meta device (no memory): channel counts and sizes must fit."""
+    from psframework.data import dataset_shape
+    from psframework.models import build_model
+
+    import torch
+
+    with torch.device("meta"):
+        try:
+            build_model(cfg.model, *dataset_shape(cfg.data))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_train(t: TrainConfig) -> None:
@@ -286,8 +379,6 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.verify_every >= 0, f"train.verify_every: got {t.verify_every}, expected >= 0 (0 = never)")
     _require(t.checkpoint_every >= 0,
              f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
-    if t.resume is not None:
-        _require(os.path.isfile(t.resume), f"train.resume: checkpoint file {t.resume!r} does not exist")
     _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
 
 
@@ -362,31 +453,43 @@ def _check_data(d: DataConfig) -> None:
     _require(syn.classes >= 2, f"data.synthetic.classes: got {syn.classes}, expected >= 2")
     if d.dataset in FILE_DATASETS:
         _require(d.root is not None, f"data.root: dataset {d.dataset} needs data.root, the directory of its files")
-        _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
-    elif d.root is not None:
-        _require(os.path.isdir(d.root), f"data.root: directory {d.root!r} does not exist")
 
 
 # ---------------------------------------------------------------- loading
 
+def read_config_file(path: str) -> dict:
+    """Return the mapping a YAML config file holds; ConfigError names the file and what is wrong."""
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path!r} is a directory, expected a YAML file")
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path!r}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                          f"{exc.start}), expected a UTF-8 YAML file") from None
+    try:
+        loaded = read_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        kind = "" if isinstance(exc, DuplicateKeyError) else "not valid YAML: "
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"config file {path!r}{where}: {kind}{problem}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path!r}: expected a mapping of keys at the top level")
+    return loaded
+
+
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
     """Load a YAML experiment, apply `key=value` overrides and validate it."""
-    tree: dict = {}
-    if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist")
-        try:
-            with open(path, encoding="utf-8") as fh:
-                loaded = yaml.safe_load(fh)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {path!r}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path!r}: expected a mapping of keys at the top level")
-        tree = loaded
+    tree: dict = read_config_file(path) if path is not None else {}
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)

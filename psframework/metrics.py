@@ -13,18 +13,49 @@ from psframework.fileio import atomic_write_json, atomic_write_text
 
 
 class RunRecorder:
-    """Collect one JSON object per iteration and write the run directory atomically."""
+    """Stream one JSON object per iteration to the run directory; keep only running sums in memory.
 
-    def __init__(self, run_dir: str, config_yaml: str):
+    Lines go to metrics.jsonl.partial, renamed to metrics.jsonl when the run ends. The newest row is
+    held back until the next one (an evaluation or sync may still add fields to it). A run resumed
+    in place keeps the earlier rows up to its checkpoint's iteration (`keep_until`).
+    """
+
+    def __init__(self, run_dir: str, config_yaml: str, keep_until: Optional[int] = None):
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
         atomic_write_text(os.path.join(run_dir, "config.yaml"), config_yaml)
         self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
-        # Lines stream into a partial file, renamed into place only when the run ends.
         self._partial_path = self.metrics_path + ".partial"
+        earlier = self._set_aside_earlier_rows() if keep_until is not None else None
         self._fh: Optional[TextIO] = open(self._partial_path, "w", encoding="utf-8")
-        self.rows: List[Dict[str, Any]] = []
+        if earlier is not None:
+            self._copy_rows(earlier, keep_until)
+        self._pending: Optional[Dict[str, Any]] = None
+        self._sums: Dict[str, List[float]] = {}  # key -> [sum, count, first value]
         self.start = time.perf_counter()
+
+    def _set_aside_earlier_rows(self) -> Optional[str]:
+        """Move the earlier run's metrics (the partial file of a run that stopped, else the final one) aside."""
+        for source in (self._partial_path, self.metrics_path):
+            if os.path.exists(source):
+                aside = source + ".earlier"
+                os.replace(source, aside)
+                return aside
+        return None
+
+    def _copy_rows(self, path: str, keep_until: int) -> None:
+        """Copy the rows of iterations 1..keep_until from `path` (a torn last line is dropped), then delete it."""
+        assert self._fh is not None
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= keep_until:
+                    self._fh.write(json.dumps(row) + "\n")
+        self._fh.flush()
+        os.unlink(path)
 
     def elapsed(self) -> float:
         """Return seconds since the recorder was created."""
@@ -32,34 +63,47 @@ class RunRecorder:
 
     def log(self, row: Dict[str, Any]) -> None:
         """Append one iteration's metrics."""
-        self.rows.append(row)
-        assert self._fh is not None, "recorder already closed"
-        self._fh.write(json.dumps(row, sort_keys=False) + "\n")
-        self._fh.flush()
+        self._flush_pending()
+        self._pending = row
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums = self._sums.setdefault(key, [0.0, 0, float(value)])
+                sums[0] += value
+                sums[1] += 1
+
+    def _flush_pending(self) -> None:
+        if self._pending is not None:
+            assert self._fh is not None, "recorder already closed"
+            self._fh.write(json.dumps(self._pending, sort_keys=False) + "\n")
+            self._fh.flush()
+            self._pending = None
 
     def update_last(self, **fields: Any) -> None:
         """Add fields (such as an evaluation) to the last iteration's row."""
-        self.rows[-1].update(fields)
+        assert self._pending is not None, "no iteration logged yet"
+        self._pending.update(fields)
 
     def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
-        """Write metrics.jsonl and summary.json atomically; return the summary."""
+        """Complete metrics.jsonl and write summary.json atomically; return the summary."""
+        self._flush_pending()
         assert self._fh is not None, "recorder already closed"
+        os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        # Rewrite so late additions (evaluations) appear in their iteration's line.
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.rows))
-        os.unlink(self._partial_path)
+        os.replace(self._partial_path, self.metrics_path)
         summary = dict(summary)
         summary.setdefault("wall_s", self.elapsed())
         atomic_write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
 
     def mean(self, key: str, skip: int = 0) -> float:
-        """Return the mean of a metric over the iterations after the first `skip`."""
-        values = [r[key] for r in self.rows[skip:] if key in r]
-        if not values:
-            values = [r[key] for r in self.rows if key in r]
-        return sum(values) / len(values) if values else math.nan
+        """Return the mean of a metric over the iterations after the first (skip=1) or all (skip=0)."""
+        if key not in self._sums:
+            return math.nan
+        total, count, first = self._sums[key]
+        if skip and count > 1:
+            return (total - first) / (count - 1)
+        return total / count
 
 
 class Progress:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 
 import pytest
 
@@ -25,10 +24,8 @@ def test_defaults_and_shipped_configs_validate(configs_dir, tmp_path):
     names = sorted(n for n in os.listdir(configs_dir) if n.endswith(".yaml"))
     assert len(names) >= 9
     for name in names:
-        # Configs of file datasets name a data.root the user provides: point it at a real directory.
-        with pytest.raises(ConfigError, match="data.root") if "mnist" in name or "cifar" in name else nullcontext():
-            load_config(os.path.join(configs_dir, name))
-        cfg = load_config(os.path.join(configs_dir, name), [f"data.root={tmp_path}"])
+        # Configs validate without the dataset files (the machine checks look for them at training time).
+        cfg = load_config(os.path.join(configs_dir, name))
         make_settings(cfg, world_size=get_scheme(cfg.scheme).world_size(cfg.code.n))
 
 
@@ -44,6 +41,19 @@ def test_overrides_are_typed_and_nested(tmp_path):
 def test_integer_is_accepted_where_a_number_is_expected():
     cfg = load_config(None, ["train.lr=1"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+@pytest.mark.parametrize("text,value", [("1e-3", 1e-3), ("1E-3", 1e-3), ("5e-2", 0.05), ("1.5e-2", 0.015),
+                                        ("+2e-1", 0.2), ("0.001", 0.001), ("3", 3.0)])
+def test_numbers_in_every_notation_people_write(tmp_path, text, value):
+    assert load_config(None, [f"train.lr={text}"]).train.lr == value
+    assert load_config(write(tmp_path, f"train:\n  lr: {text}\n")).train.lr == value
+
+
+def test_integral_numbers_are_accepted_where_an_integer_is_expected(tmp_path):
+    cfg = load_config(write(tmp_path, "train:\n  max_iterations: 5e4\n"), ["data.batch_size=6.4e1"])
+    assert cfg.train.max_iterations == 50000 and isinstance(cfg.train.max_iterations, int)
+    assert cfg.data.batch_size == 64
 
 
 def test_dump_round_trips(tmp_path):
@@ -63,7 +73,6 @@ BAD = [
     (["data.batch_size=0"], "data.batch_size: got 0"),
     (["data.batch_size=2.5"], "data.batch_size: got 2.5, expected an integer"),
     (["data.dataset=mnist"], "data.root: dataset mnist needs data.root"),
-    (["data.dataset=cifar10", "data.root=/no/such/dir"], "'/no/such/dir' does not exist"),
     (["train.momentum=1.5"], "train.momentum: got 1.5"),
     (["train.nesterov=true", "train.momentum=0"], "nesterov: true needs train.momentum > 0"),
     (["scheme=sazd", "train.optimizer=adam"], "linear optimizer"),
@@ -117,6 +126,8 @@ def test_bad_files(tmp_path):
         load_config(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "train: [1, 2\n"))
+    with pytest.raises(ConfigError, match=r"line 4: duplicate key 'train' \(first given on line 1\)"):
+        load_config(write(tmp_path, "train:\n  lr: 0.1\nname: x\ntrain:\n  epochs: 2\n"))
     with pytest.raises(ConfigError, match="expected a mapping of keys at the top level"):
         load_config(write(tmp_path, "- 1\n- 2\n"))
 

@@ -16,9 +16,24 @@ from psframework.data.idx import MNIST_FILES, load_mnist_like, read_idx
 from psframework.data.loader import shard_bounds
 
 
-def idx_bytes(array: np.ndarray) -> bytes:
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
-    return header + array.astype(np.uint8).tobytes()
+IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def idx_bytes(array: np.ndarray, type_code: int = 0x08) -> bytes:
+    """Encode an array as an IDX file of the given element type."""
+    array = np.asarray(array)
+    header = struct.pack(">HBB", 0, type_code, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    return header + array.astype(IDX_DTYPES[type_code]).tobytes()
+
+
+def assert_one_line_error(call, path, phrase: str) -> None:
+    """Check that call raises a one-line DatasetError naming path and containing phrase."""
+    with pytest.raises(DatasetError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert str(path) in message, message
+    assert phrase in message, message
 
 
 def write_mnist(root, n_train=20, n_test=8, compress=False, rng=None):
@@ -79,6 +94,45 @@ def test_idx_label_count_mismatch(tmp_path):
         load_mnist_like(str(tmp_path))
 
 
+def nan_image_at(image: int, row: int, col: int, value: float = np.nan) -> np.ndarray:
+    """Return 20 float images with one bad pixel."""
+    images = np.zeros((20, 28, 28))
+    images[image, row, col] = value
+    return images
+
+
+@pytest.mark.parametrize("key, array, type_code, phrase", [
+    ("train_images", nan_image_at(2, 3, 4), 0x0D,
+     "1 non-finite pixel values (first nan at image 2, row 3, column 4); expected finite pixel values"),
+    ("train_images", nan_image_at(0, 0, 1, np.inf), 0x0E, "first inf at image 0, row 0, column 1"),
+    ("train_images", nan_image_at(19, 27, 27, -np.inf), 0x0D, "first -inf at image 19, row 27, column 27"),
+    ("test_labels", [0, 1, 2, 1.7, 4, 5, 6, 7], 0x0D,
+     "1 non-integer labels (first 1.7 at index 3); expected integer labels 0..9"),
+    ("test_labels", [0, 1, 2, 3, 4, 5, 6, np.nan], 0x0E, "non-integer labels (first nan at index 7)"),
+    ("test_labels", [0, 1, 2, 3, np.inf, 5, 6, 7], 0x0E, "non-integer labels (first inf at index 4)"),
+    ("test_labels", [0, 1, 12, 3, 4, 5, 6, 7], 0x08,
+     "1 labels outside 0..9 (first 12 at index 2); expected integer labels 0..9"),
+    ("test_labels", [0, -1, 2, 3, 4, 5, 6, -2], 0x09, "2 labels outside 0..9 (first -1 at index 1)"),
+    ("test_labels", [10.0, 1, 2, 3, 4, 5, 6, 7], 0x0D, "labels outside 0..9 (first 10.0 at index 0)"),
+])
+def test_idx_bad_values_name_the_file(tmp_path, key, array, type_code, phrase):
+    write_mnist(tmp_path)
+    path = tmp_path / MNIST_FILES[key]
+    path.write_bytes(idx_bytes(array, type_code))
+    assert_one_line_error(lambda: load_mnist_like(str(tmp_path)), path, phrase)
+
+
+@pytest.mark.parametrize("type_code", [0x0D, 0x0E])
+def test_idx_float_files_with_clean_values_load(tmp_path, type_code):
+    arrays = write_mnist(tmp_path)
+    for key in ("train_images", "train_labels"):
+        (tmp_path / MNIST_FILES[key]).write_bytes(idx_bytes(arrays[key], type_code))
+    train_x, train_y, _, _ = load_mnist_like(str(tmp_path))
+    assert train_y.dtype == np.int64
+    np.testing.assert_array_equal(train_y, arrays["train_labels"])
+    np.testing.assert_array_equal(train_x[:, 0], arrays["train_images"])
+
+
 def write_cifar(root, per_batch=6):
     rng = np.random.default_rng(1)
     directory = root / "cifar-10-batches-py"
@@ -127,6 +181,87 @@ def test_cifar_errors(tmp_path):
     path.write_bytes(good)
     with pytest.raises(DatasetError, match="missing file .*test_batch"):
         load_cifar10(str(tmp_path))
+
+
+def write_batch(path, data=None, labels=None) -> None:
+    """Write one pickled batch; by default three black images labelled 0, 1, 2."""
+    data = np.zeros((3, 3072), np.uint8) if data is None else data
+    labels = [0, 1, 2] if labels is None else labels
+    path.write_bytes(pickle.dumps({b"data": data, b"labels": labels}, protocol=2))
+
+
+@pytest.mark.parametrize("labels, phrase", [
+    ([b"cat", b"dog", b"cat"], "label b'cat' at index 0 is bytes, not an integer"),
+    (["1", "2", "3"], "label '1' at index 0 is str, not an integer"),
+    (np.array(["1", "2", "3"]), "label '1' at index 0 is str, not an integer"),
+    ([np.str_("1"), 0, 0], "label '1' at index 0 is str, not an integer"),
+    ("012", "labels are str"),
+    (b"\x00\x01\x02", "labels are bytes"),
+    ({0: 1, 1: 2, 2: 3}, "labels are a dict"),
+    ({b"a": [0, 1, 2]}, "labels are a dict"),
+    (7, "labels are int"),
+    (np.zeros((3, 1)), "labels are an array of shape (3, 1)"),
+    ([0, 1, 2, 3], "3 images but 4 labels"),
+    ([0, 1.7, 2], "label 1.7 at index 1 is not an integer"),
+    ([0, 1, np.float32(2.5)], "label 2.5 at index 2 is not an integer"),
+    ([0, 1, float("nan")], "label nan at index 2 is not an integer"),
+    ([float("inf"), 1, 2], "label inf at index 0 is not an integer"),
+    ([[0, 1], [2], []], "label [0, 1] at index 0 is list, not an integer"),
+    ([0, np.zeros((4, 4)), 2], "at index 1 is ndarray, not an integer"),
+    ([0, None, 2], "label None at index 1 is NoneType, not an integer"),
+    ([True, False, True], "label True at index 0 is a bool, not an integer"),
+    (np.array([False, True, True]), "label False at index 0 is a bool, not an integer"),
+    ([0, 1, 10], "label 10 at index 2 is outside 0..9"),
+    ([0, -1, 2], "label -1 at index 1 is outside 0..9"),
+    ([0, 1, 2 ** 70], "at index 2 is outside 0..9"),
+])
+def test_cifar_bad_labels_name_the_file(tmp_path, labels, phrase):
+    path = tmp_path / "data_batch_1"
+    write_batch(path, labels=labels)
+    assert_one_line_error(lambda: read_batch(str(path)), path, phrase)
+    assert_one_line_error(lambda: read_batch(str(path)), path, "expected 3 integer labels 0..9")
+
+
+def test_cifar_labels_none_name_the_file(tmp_path):
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": np.zeros((3, 3072), np.uint8), b"labels": None}, protocol=2))
+    assert_one_line_error(lambda: read_batch(str(path)), path, "labels are None; expected 3 integer labels 0..9")
+    path.write_bytes(pickle.dumps({b"data": np.zeros((3, 3072), np.uint8)}, protocol=2))
+    assert_one_line_error(lambda: read_batch(str(path)), path, "no data/labels entries")
+
+
+@pytest.mark.parametrize("data, phrase", [
+    (["abc", "def"], "data is list, expected uint8 (N, 3072)"),
+    ([[0] * 3072] * 3, "data is list, expected uint8 (N, 3072)"),
+    ({b"x": 1}, "data is a dict, expected uint8 (N, 3072)"),
+    ("pixels", "data is str, expected uint8 (N, 3072)"),
+    (b"\x00" * 3072, "data is bytes, expected uint8 (N, 3072)"),
+    (np.array(["abc", "def"]), "data is <U3 (2,), expected uint8 (N, 3072)"),
+    (np.zeros((3, 3072), np.float32), "data is float32 (3, 3072), expected uint8 (N, 3072)"),
+    (np.zeros(3072, np.uint8), "data is uint8 (3072,), expected uint8 (N, 3072)"),
+])
+def test_cifar_bad_data_names_the_file(tmp_path, data, phrase):
+    path = tmp_path / "test_batch"
+    write_batch(path, data=data)
+    assert_one_line_error(lambda: read_batch(str(path)), path, phrase)
+
+
+def test_cifar_data_none_names_the_file(tmp_path):
+    path = tmp_path / "test_batch"
+    path.write_bytes(pickle.dumps({b"data": None, b"labels": [0, 1, 2]}, protocol=2))
+    assert_one_line_error(lambda: read_batch(str(path)), path, "data is None, expected uint8 (N, 3072)")
+
+
+@pytest.mark.parametrize("labels", [
+    [0, 1, 2], (0, 1, 2), [0, 1.0, np.int64(2)], [np.uint8(0), np.float64(1.0), 2],
+    np.array([0, 1, 2], np.uint8), np.array([0.0, 1.0, 2.0]),
+])
+def test_cifar_integral_labels_are_accepted(tmp_path, labels):
+    path = tmp_path / "data_batch_1"
+    write_batch(path, labels=labels)
+    images, read = read_batch(str(path))
+    assert images.shape == (3, 3, 32, 32) and read.dtype == np.int64
+    np.testing.assert_array_equal(read, [0, 1, 2])
 
 
 def test_file_datasets_through_the_config(tmp_path):

@@ -63,17 +63,50 @@ def find_file(root: str, stem: str) -> str:
                        f"(raw or gzip) in data.root={root}")
 
 
+def check_pixels(path: str, images: np.ndarray) -> None:
+    """Reject float images that hold NaN or infinite pixels."""
+    if images.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(images)
+    count = int(bad.sum())
+    if count:
+        image, row, col = np.unravel_index(int(np.argmax(bad)), images.shape)
+        value = images[image, row, col]
+        raise DatasetError(f"corrupt file {path}: {count} non-finite pixel values (first {value!s} at image {image}, "
+                           f"row {row}, column {col}); expected finite pixel values")
+
+
+def check_labels(path: str, labels: np.ndarray) -> np.ndarray:
+    """Return the labels as integers; reject non-integral values and values outside 0..9."""
+    expected = "expected integer labels 0..9"
+    if labels.dtype.kind == "f":
+        # A label must be finite and a whole number (1.0 is fine, 1.7 and NaN are not).
+        bad = ~np.isfinite(labels) | (labels != np.round(labels))
+        if bad.any():
+            index = int(np.argmax(bad))
+            raise DatasetError(f"corrupt file {path}: {int(bad.sum())} non-integer labels (first {labels[index]!s} "
+                               f"at index {index}); {expected}")
+    bad = (labels < 0) | (labels > 9)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise DatasetError(f"corrupt file {path}: {int(bad.sum())} labels outside 0..9 (first {labels[index]!s} "
+                           f"at index {index}); {expected}")
+    return labels.astype(np.int64) if labels.dtype.kind == "f" else labels
+
+
 def load_mnist_like(root: str) -> tuple:
     """Return (train_x, train_y, test_x, test_y) as uint8 (N, 1, 28, 28) and labels."""
     arrays = {}
     for key, stem in MNIST_FILES.items():
         path = find_file(root, stem)
-        arrays[key] = read_idx(path, ndim=3 if key.endswith("images") else 1)
+        if key.endswith("images"):
+            arrays[key] = read_idx(path, ndim=3)
+            check_pixels(path, arrays[key])
+        else:
+            arrays[key] = check_labels(path, read_idx(path, ndim=1))
     for split in ("train", "test"):
         x, y = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if x.shape[0] != y.shape[0]:
             raise DatasetError(f"{split} split in {root}: {x.shape[0]} images but {y.shape[0]} labels")
-        if y.size and (y.min() < 0 or y.max() > 9):
-            raise DatasetError(f"{split} labels in {root}: values {int(y.min())}..{int(y.max())}, expected 0..9")
     return (arrays["train_images"][:, None], arrays["train_labels"],
             arrays["test_images"][:, None], arrays["test_labels"])

@@ -9,29 +9,82 @@ from psframework.settings import Settings
 
 
 def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
-    """Run this rank's part of a training run; rank 0 (or the single process) returns the summary."""
-    from psframework.comm.rounds import ServerRounds, WorkerRounds
-    from psframework.runtime.node import LOSS, start_node
-    from psframework.schemes.common import build_problem
-    from psframework.schemes.driver import Problem, run_server, run_worker
+    """Run this rank's part of a training run; rank 0 (or the single process) returns the summary.
+
+    Raises startup.RunEnds on every rank when any rank finds a bad input before training starts.
+    """
+    from psframework.schemes.startup import attempt, preflight
+
+    rank = comm.Get_rank() if comm is not None else 0
+    opening, outcome = attempt(lambda: preflight(settings, rank))
+    _agree_or_close(comm, outcome, opening)
+    try:
+        return _train(settings, comm, opening)
+    finally:
+        opening.close()
+
+
+def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, Any]]:
+    """Build this rank's side, agree that every rank could, and run it."""
+    from psframework.schemes.startup import agree, attempt
 
     scheme = get_scheme(settings.run.scheme)
     if not scheme.mpi:
-        side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)))
-        return run_server(settings, side)
+        side, outcome = attempt(lambda: _server_side(settings, scheme, opening))
+        _agree_or_close(None, outcome, opening)
+        from psframework.schemes.driver import run_server
+
+        return run_server(settings, side, opening)
+    from psframework.comm.rounds import ServerRounds, WorkerRounds
+    from psframework.runtime.node import LOSS, start_node
+
     relay = scheme.coded and settings.transport.dissemination == "relay"
     node = start_node(settings.transport, comm, peers=relay)
     if node.roles.is_server:
         link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
                             detach_after=settings.transport.detach_after, lost=LOSS)
-        side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
-        return run_server(settings, side, node.roles.size)
+        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link))
+        _agree_or_close(comm, outcome, opening)
+        from psframework.schemes.driver import run_server
+
+        return run_server(settings, side, opening, node.roles.size)
+    worker = scheme.load(scheme.worker)
+    side, outcome = attempt(lambda: worker(settings, WorkerRounds(node.transport, node.roles, node.peers)))
+    agree(comm, outcome)
+    _run_worker(settings, side, node)
+    return None
+
+
+def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any = None) -> Any:
+    """Build rank 0's side with its problem and restore the checkpoint it resumes from."""
+    from psframework.schemes.common import build_problem
+    from psframework.schemes.driver import Problem, resume
+
+    side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
+    resume(side, opening.checkpoint)
+    return side
+
+
+def _agree_or_close(comm: Any, outcome: Any, opening: Any) -> None:
+    """Agree on the second start-up point; a failure releases the run directory and what was made for it."""
+    from psframework.schemes.startup import agree
+
+    try:
+        agree(comm, outcome)
+    except BaseException:
+        if opening is not None:
+            opening.close(failed=True)
+        raise
+
+
+def _run_worker(settings: Settings, side: Any, node: Any) -> None:
+    """Run a worker's side with its progress thread and straggler freezer."""
     from psframework.runtime.progress import start_progress_thread
     from psframework.runtime.stragglers import start_freezer
+    from psframework.schemes.driver import run_worker
 
     progress = start_progress_thread(node.wants_progress_thread())
-    link = WorkerRounds(node.transport, node.roles, node.peers, progress_thread=progress)
-    side = scheme.load(scheme.worker)(settings, link)
+    side.link.progress_thread = progress
     freezer = start_freezer(settings.stragglers, node.roles.rank)
     try:
         run_worker(settings, side)
@@ -40,7 +93,6 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
             freezer.stop()
         if progress is not None:
             progress.close()
-    return None
 
 
 __all__ = ["Scheme", "SchemeError", "get_scheme", "register", "scheme_names", "train"]

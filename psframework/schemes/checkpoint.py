@@ -1,9 +1,15 @@
-"""Checkpoints of rank 0's view of a run: the model, the scheme's state, the RNG and the position."""
+"""Checkpoints of rank 0's view of a run: the model, the scheme's state, the RNG and the position.
+
+A checkpoint is read with torch's weights-only unpickler, which admits tensors and plain containers
+only: a file crafted to run code on load is refused. It records a fingerprint of the settings that
+must match to resume (scheme, model and its shapes, code, data, batch, optimiser and schedule).
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Dict, Tuple
+import pickle
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping
 
 import torch
 
@@ -11,32 +17,108 @@ from psframework.config import ConfigError
 from psframework.fileio import atomic_write
 from psframework.settings import Settings
 
-FORMAT = 2
+FORMAT = 3
+# Settings that change what a checkpoint means; anything else (length, evaluation, comm) may change.
+FINGERPRINT_KEYS = (
+    "scheme", "model.name", "model.input_size", "model.channels", "model.fc", "model.batch_norm", "model.dropout",
+    "data.dataset", "data.batch_size", "data.seed", "data.drop_last", "data.synthetic",
+    "train.optimizer", "train.lr", "train.momentum", "train.nesterov", "train.weight_decay", "train.lr_schedule",
+    "train.head_optimizer", "train.head_lr", "train.seed",
+)
+CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 
-def save_checkpoint(path: str, iteration: int, model: torch.nn.Module, state: Dict[str, Any],
-                    settings: Settings) -> None:
+@dataclass
+class Checkpoint:
+    """A checkpoint's contents, read back."""
+
+    path: str
+    iteration: int
+    num_train: int
+    fingerprint: Dict[str, Any]
+    model: Dict[str, torch.Tensor]
+    state: Dict[str, Any]
+    torch_rng: torch.Tensor
+
+
+def fingerprint(config: Mapping[str, Any], coded: bool, model: torch.nn.Module) -> Dict[str, Any]:
+    """Return the settings a resume must match (the code's only for coded schemes) and the model's shapes."""
+    keys = FINGERPRINT_KEYS + (CODE_KEYS if coded else ())
+    if config["train"]["lr_schedule"] != "constant":  # the schedule depends on the run's length
+        keys += ("train.epochs", "train.max_iterations")
+    found = {key: _dotted(config, key) for key in keys}
+    found["model.shapes"] = {name: list(t.shape) for name, t in model.state_dict().items()}
+    return found
+
+
+def _dotted(tree: Mapping[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[str]:
+    """Return 'key saved -> current' for every fingerprint entry that differs."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        before, after = saved.get(key, "unset"), current.get(key, "unset")
+        if before != after:
+            out.append(f"{key} {_short(before)} -> {_short(after)}" if key != "model.shapes" else
+                       "model.shapes (the layers' shapes)")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def save_checkpoint(path: str, iteration: int, num_train: int, model: torch.nn.Module, state: Dict[str, Any],
+                    settings: Settings, coded: bool) -> None:
     """Write a checkpoint atomically (temporary name, then rename)."""
-    payload = {"format": FORMAT, "scheme": settings.run.scheme, "iteration": int(iteration),
-               "model": model.state_dict(), "state": state, "torch_rng": torch.get_rng_state(),
-               "config": settings.config}
+    payload = {"format": FORMAT, "iteration": int(iteration), "num_train": int(num_train),
+               "fingerprint": fingerprint(settings.config, coded, model), "model": model.state_dict(),
+               "state": state, "torch_rng": torch.get_rng_state(), "config": settings.config}
     atomic_write(path, lambda fh: torch.save(payload, fh), mode="wb")
 
 
-def load_checkpoint(path: str, model: torch.nn.Module) -> Tuple[int, Dict[str, Any]]:
-    """Restore the model and the RNG from a checkpoint; return (iteration, the scheme's state)."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"train.resume: checkpoint file {path!r} does not exist")
+def read_checkpoint(path: str) -> Checkpoint:
+    """Read a checkpoint with the weights-only unpickler; ConfigError (one line) if it is not one."""
     try:
-        payload: Dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(f"train.resume: {path!r} holds objects other than tensors and plain containers "
+                          f"({_refused(exc)}); refused, loading it could run code") from None
     except Exception as exc:  # a truncated or foreign file
-        raise ConfigError(f"train.resume: cannot read checkpoint {path!r} ({type(exc).__name__}: {exc})") from None
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"train.resume: cannot read checkpoint {path!r} ({type(exc).__name__}: {first})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ConfigError(f"train.resume: {path!r} is not a psframework checkpoint (format {FORMAT})")
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ConfigError(f"train.resume: {path!r} is not a psframework checkpoint of format {FORMAT} "
+                          f"(found format {found!r})")
     try:
-        model.load_state_dict(payload["model"])
+        return Checkpoint(path, int(payload["iteration"]), int(payload["num_train"]), dict(payload["fingerprint"]),
+                          payload["model"], payload["state"], payload["torch_rng"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"train.resume: checkpoint {path!r} lacks an entry or has a wrong one ({exc})") from None
+
+
+def _refused(exc: Exception) -> str:
+    """Return the part of torch's weights-only refusal that names what the file asked for."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line.rstrip(".")
+    return type(exc).__name__
+
+
+def restore(checkpoint: Checkpoint, model: torch.nn.Module) -> None:
+    """Load a checkpoint's model and RNG state (its fingerprint already matched)."""
+    try:
+        model.load_state_dict(checkpoint.model)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise ConfigError(f"train.resume: checkpoint {path!r} does not fit the configured model: {first}") from None
-    torch.set_rng_state(payload["torch_rng"])
-    return int(payload["iteration"]), payload["state"]
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"train.resume: checkpoint {checkpoint.path!r} does not fit the configured model: "
+                          f"{detail}") from None
+    torch.set_rng_state(checkpoint.torch_rng)

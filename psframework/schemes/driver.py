@@ -9,6 +9,7 @@ worker always knows which iteration, synchronisation or stop comes next.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from psframework.comm.rounds import Detached
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
 from psframework.models import SplitCNN
-from psframework.schemes.checkpoint import load_checkpoint, save_checkpoint
+from psframework.schemes.checkpoint import restore, save_checkpoint
 from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
 from psframework.settings import Settings
 
@@ -183,25 +184,33 @@ class WorkerSide(ABC):
         """Take the fresh state rank 0 sent on readmission: nothing by default (stateless workers)."""
 
 
-def resume(settings: Settings, side: ServerSide) -> int:
-    """Restore the model and the scheme's state from `train.resume`; return the iteration it holds."""
-    if not settings.run.resume:
-        return 0
-    iteration, state = load_checkpoint(settings.run.resume, side.model)
-    side.load_state_dict(state)
-    return iteration
+def resume(side: ServerSide, checkpoint: Any) -> None:
+    """Restore the model and the scheme's state from a checkpoint (None: a fresh run)."""
+    if checkpoint is None:
+        return
+    num_train = len(side.problem.dataset.train)
+    if checkpoint.num_train != num_train:
+        from psframework.config import ConfigError
+
+        raise ConfigError(f"train.resume: checkpoint {checkpoint.path!r} was written for {checkpoint.num_train} "
+                          f"training samples, the dataset has {num_train}")
+    restore(checkpoint, side.model)
+    side.load_state_dict(checkpoint.state)
 
 
-def run_server(settings: Settings, side: ServerSide, world_size: int = 1) -> Dict[str, Any]:
+def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: int = 1) -> Dict[str, Any]:
     """Train as rank 0 (or the single process); write the run directory and return the summary."""
     problem, run = side.problem, settings.run
     num_train = len(problem.dataset.train)
-    schedule = make_schedule(settings, num_train, resume(settings, side))
+    schedule = make_schedule(settings, num_train, opening.start)
     if side.link is not None:
         side.link.announce((schedule.start, num_train))
     side.start(schedule)
-    recorder = RunRecorder(run.run_dir, settings.config_yaml)
+    recorder = RunRecorder(run.run_dir, settings.config_yaml, schedule.start if opening.in_place else None)
     progress = Progress(schedule.total - schedule.start, run.progress)
+    if opening.forced:
+        print(f"psf: warning: resuming from {run.resume} although its settings differ (train.resume_force): "
+              f"{'; '.join(opening.forced)}", file=sys.stderr, flush=True)
     progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {problem.model.name}, dataset "
                      f"{problem.dataset.name} ({num_train} train / {len(problem.dataset.test)} test), "
                      f"iterations {schedule.start + 1}..{schedule.total}")
@@ -214,7 +223,8 @@ def run_server(settings: Settings, side: ServerSide, world_size: int = 1) -> Dic
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
-    summary = recorder.finish(summary_fields(settings, side, schedule, recorder, world_size, final))
+    fields = summary_fields(settings, side, schedule, recorder, world_size, final)
+    summary = recorder.finish({**fields, "resume_forced": opening.forced} if opening.forced else fields)
     progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
                      f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {run.run_dir}")
     return summary
@@ -257,9 +267,13 @@ def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, 
     """Write checkpoint.pt (the latest) and, at every `train.checkpoint_every`, checkpoint-ITERATION.pt."""
     state = side.state_dict()
     run_dir = settings.run.run_dir
-    save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), iteration, side.model, state, settings)
+    num_train = len(side.problem.dataset.train)
+    coded = settings.code.kind is not None
+    names = ["checkpoint.pt"]
     if schedule.checkpoint_every and iteration % schedule.checkpoint_every == 0:
-        save_checkpoint(os.path.join(run_dir, f"checkpoint-{iteration}.pt"), iteration, side.model, state, settings)
+        names.append(f"checkpoint-{iteration}.pt")
+    for name in names:
+        save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings, coded)
 
 
 def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, recorder: RunRecorder,

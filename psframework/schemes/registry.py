@@ -34,6 +34,7 @@ class Scheme:
     k_equals_n: bool = False  # every worker is needed
     backup_workers: bool = False  # rank 0 may go on without the b slowest workers
     shards_batch: bool = False  # each worker computes on its own shard of the global batch
+    worker_part: str = "conv"  # what a data-parallel worker holds of the model: "conv" or the whole "model"
 
     @property
     def mpi(self) -> bool:
@@ -104,7 +105,7 @@ _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards
 register(Scheme("reference", "one process, whole model: the correctness oracle",
                 "psframework.schemes.reference", "ReferenceTrainer"))
 register(Scheme("ps", "parameter server: whole model replicated on the workers, data parallel",
-                "psframework.schemes.ps", "PSServer", "PSWorker", **_PARALLEL))
+                "psframework.schemes.ps", "PSServer", "PSWorker", worker_part="model", **_PARALLEL))
 register(Scheme("stanza", "layer separation: conv stack on the workers (data parallel), FC head on rank 0",
                 "psframework.schemes.stanza", "StanzaServer", "StanzaWorker", **_PARALLEL))
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",

@@ -1,0 +1,175 @@
+"""Checks of a run against the machine it starts on, before anything is allocated.
+
+The config checks (psframework.config) hold anywhere; these need the machine: the GPU a `device:
+cuda` run asks for, the dataset directory, the checkpoint to resume from, the output directory and
+enough memory for the model and the batch on each rank. `psf check --machine` runs them too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from psframework import environment
+from psframework.config import FILE_DATASETS, ConfigError
+from psframework.data import dataset_shape
+from psframework.models import SplitCNN, build_model
+from psframework.settings import Settings
+
+FLOAT_BYTES = 4
+PARAM_COPIES = 3  # weights, gradients and momentum (or Adam's moments: a little more)
+ACTIVATION_COPIES = 2  # values kept for the backward pass and their gradients
+SERVER, WORKER = "server", "worker"
+
+
+def check_machine(settings: Settings) -> None:
+    """Raise ConfigError when the machine cannot run `settings` (paths, GPU)."""
+    check_paths(settings)
+    check_device(settings.device)
+
+
+def check_device(device: str) -> None:
+    """Raise ConfigError when `device: cuda` is asked for and torch sees no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        import socket
+
+        raise ConfigError(f"device: got 'cuda' but torch sees no CUDA device on host {socket.gethostname()}; "
+                          "use cpu or auto")
+
+
+def check_paths(settings: Settings) -> None:
+    """Raise ConfigError naming a dataset directory, checkpoint or output path that cannot serve."""
+    data = settings.data
+    if data.root is not None or data.dataset in FILE_DATASETS:
+        expect_directory("data.root", data.root, "the directory of the dataset's files")
+    if settings.run.resume is not None:
+        expect_file("train.resume", settings.run.resume, "a checkpoint file")
+    check_writable("output.dir", os.path.dirname(settings.run.run_dir) or ".")
+
+
+def expect_directory(key: str, path: str, what: str) -> None:
+    """Raise ConfigError unless `path` is an existing directory."""
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise ConfigError(f"{key}: {path!r} is a file, expected {what}")
+    raise ConfigError(f"{key}: directory {path!r} does not exist, expected {what}")
+
+
+def expect_file(key: str, path: str, what: str) -> None:
+    """Raise ConfigError unless `path` is an existing regular file."""
+    if os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise ConfigError(f"{key}: {path!r} is a directory, expected {what}")
+    raise ConfigError(f"{key}: {what} {path!r} does not exist")
+
+
+def check_writable(key: str, path: str) -> None:
+    """Raise ConfigError unless a run directory can be made below `path` (made on demand)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"{key}: {path!r} lies below the file {probe!r}, expected a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: directory {probe!r} is not writable, expected a directory this user can write")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated bytes one rank needs: parameters (with gradients and momentum) and activations."""
+
+    params: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.activations
+
+
+def meta_model(settings: Settings) -> SplitCNN:
+    """Build the model's layers on the meta device: shapes without memory."""
+    with torch.device("meta"):
+        return build_model(settings.model, *dataset_shape(settings.data))
+
+
+def footprint(settings: Settings, role: str) -> Footprint:
+    """Estimate the memory of a rank in `role` (server or worker; the single process is a server)."""
+    from psframework.schemes.registry import get_scheme
+
+    scheme = get_scheme(settings.run.scheme)
+    model = meta_model(settings)
+    batch, n, k = settings.data.batch_size, settings.code.n, settings.code.k
+    conv = [(math.prod(b.conv.weight.shape) + b.spec.out_channels, per_sample(model, i)) for i, b in
+            enumerate(model.conv_blocks)]
+    conv_params = sum(p for p, _ in conv)
+    head_params = sum(p.numel() for p in model.head_parameters())
+    conv_acts = sum(a for _, a in conv)
+    if role == WORKER and scheme.coded:
+        # Each worker holds a row- and a column-coded packet of every conv layer and its batch's activations.
+        params, acts = 2 * conv_params / k, batch * conv_acts
+    elif role == WORKER:
+        shard = -(-batch // n)
+        params = conv_params + (head_params if scheme.worker_part == "model" else 0)
+        acts = shard * conv_acts
+    else:
+        params, acts = conv_params + head_params, batch * conv_acts
+    return Footprint(int(FLOAT_BYTES * PARAM_COPIES * params), int(FLOAT_BYTES * ACTIVATION_COPIES * acts))
+
+
+def per_sample(model: SplitCNN, layer: int) -> int:
+    """Return the activation floats of one sample through conv block `layer` (its input and outputs)."""
+    size = model.input_size
+    channels = model.in_channels
+    for block in list(model.conv_blocks)[:layer]:
+        size = block.spec.output_size(size)
+        channels = block.spec.out_channels
+    spec = model.conv_blocks[layer].spec
+    conv_size = (size + 2 * spec.padding - spec.kernel_size) // spec.stride + 1
+    return channels * size * size + 2 * spec.out_channels * conv_size * conv_size
+
+
+def available_memory() -> Optional[int]:
+    """Return the bytes of memory available on this node (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(settings: Settings, role: str) -> None:
+    """Raise ConfigError when this rank's estimated memory exceeds its share of the node's memory."""
+    need = footprint(settings, role)
+    available = available_memory()
+    if available is None:
+        return
+    local = environment.local_size_vars()
+    ranks = local[0] if local else 1
+    share = available // max(ranks, 1)
+    if need.total > share:
+        where = f"1/{ranks} of the {gib(available)} available on this node" if ranks > 1 else \
+            f"the {gib(available)} available on this node"
+        raise ConfigError(f"memory: a {role} rank of scheme {settings.run.scheme} needs about {gib(need.total)} "
+                          f"(parameters {gib(need.params)}, activations {gib(need.activations)} for "
+                          f"data.batch_size={settings.data.batch_size}), more than {where}; lower "
+                          "data.batch_size or model.channels/model.fc, or use more nodes")
+
+
+def gib(size: float) -> str:
+    """Return a byte count in readable units."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 2**10:.1f} KiB"

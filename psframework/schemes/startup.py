@@ -1,0 +1,108 @@
+"""Starting a run safely: every rank checks what it can, then all ranks agree before going on.
+
+A bad input is found before anything is allocated or written (the machine, the memory estimate,
+the checkpoint and its fingerprint, the run directory's lock), and again after the sides are built
+(the dataset files). At each of the two points every rank reports what it found; if any rank found
+a problem, every rank leaves the same way, so the job prints one line and exits with one status.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
+
+from psframework.config import ConfigError
+from psframework.data import DatasetError
+from psframework.rundir import RunDirectory, open_run_directory
+from psframework.schemes.checkpoint import Checkpoint, differences, fingerprint, read_checkpoint
+from psframework.schemes.preflight import SERVER, WORKER, check_device, check_machine, check_memory, meta_model
+from psframework.settings import Settings
+
+EXIT_USAGE = 2
+T = TypeVar("T")
+
+
+class RunEnds(Exception):
+    """The run ends before training: a bad input (status 2) or nothing left to do (status 0)."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Opening:
+    """What rank 0 found before training: the locked run directory and the checkpoint to resume from."""
+
+    run_dir: Optional[RunDirectory] = None
+    checkpoint: Optional[Checkpoint] = None
+    in_place: bool = False  # the checkpoint lies in the run directory: its metrics continue
+    forced: List[str] = field(default_factory=list)  # fingerprint differences train.resume_force let through
+
+    @property
+    def start(self) -> int:
+        return self.checkpoint.iteration if self.checkpoint is not None else 0
+
+    def close(self, failed: bool = False) -> None:
+        """Release the run directory (and on failure remove what this run made that is still empty)."""
+        if self.run_dir is not None:
+            self.run_dir.release(remove_if_unused=failed)
+            self.run_dir = None
+
+
+def attempt(action: Callable[[], T]) -> Tuple[Optional[T], Optional[Tuple[int, str]]]:
+    """Run `action`; return (its result, None) or (None, (status, message)) for a bad input."""
+    try:
+        return action(), None
+    except RunEnds as exc:
+        return None, (exc.status, str(exc))
+    except (ConfigError, DatasetError) as exc:
+        return None, (EXIT_USAGE, str(exc))
+
+
+def agree(comm: Any, outcome: Optional[Tuple[int, str]]) -> None:
+    """Share every rank's outcome; raise RunEnds on every rank if any rank failed (rank 0's reason first)."""
+    outcomes = [outcome] if comm is None or comm.Get_size() == 1 else comm.allgather(outcome)
+    for rank, found in enumerate(outcomes):
+        if found is not None:
+            status, message = found
+            raise RunEnds(message if rank == 0 else f"rank {rank}: {message}", status)
+
+
+def preflight(settings: Settings, rank: int) -> Opening:
+    """Check this rank's part before anything is allocated; rank 0 also opens the run directory."""
+    if rank != 0:
+        check_device(settings.device)
+        check_memory(settings, WORKER)
+        return Opening()
+    check_machine(settings)
+    check_memory(settings, SERVER)
+    opening = Opening()
+    if settings.run.resume is not None:
+        opening = check_resume(settings)
+    opening.run_dir = open_run_directory(settings.run.run_dir, opening.in_place, settings.run.overwrite)
+    return opening
+
+
+def check_resume(settings: Settings) -> Opening:
+    """Read the checkpoint, compare its fingerprint, and end the run early if it holds every iteration."""
+    from psframework.schemes.driver import make_schedule
+    from psframework.schemes.registry import get_scheme
+
+    path = settings.run.resume
+    checkpoint = read_checkpoint(path)
+    current = fingerprint(settings.config, get_scheme(settings.run.scheme).coded, meta_model(settings))
+    differ = differences(checkpoint.fingerprint, current)
+    if differ and not settings.run.resume_force:
+        raise ConfigError(f"train.resume: checkpoint {path!r} was written with other settings: {'; '.join(differ)} "
+                          "(train.resume_force=true resumes anyway)")
+    planned = make_schedule(settings, checkpoint.num_train).total
+    if checkpoint.iteration > planned:
+        raise ConfigError(f"train.resume: checkpoint {path!r} holds iteration {checkpoint.iteration}, beyond the "
+                          f"{planned} iterations this config plans (raise train.epochs or train.max_iterations)")
+    if checkpoint.iteration == planned:
+        raise RunEnds(f"psf: nothing to do: checkpoint {path} already holds all {planned} planned iterations "
+                      "(raise train.epochs or train.max_iterations to train on)", status=0)
+    in_place = os.path.realpath(os.path.dirname(os.path.abspath(path))) == os.path.realpath(settings.run.run_dir)
+    return Opening(checkpoint=checkpoint, in_place=in_place, forced=differ)
