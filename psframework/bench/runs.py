@@ -177,8 +177,9 @@ def run_case(prog: str, label: str, config: str, ranks: int, overrides: Sequence
              timeout_s: float) -> Dict:
     """Train one case under mpiexec; return its summary with the label and the workers' compute share."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+    # A benchmark's runs are its own scratch space: a rerun replaces the previous one's.
     args = ["-m", "psframework", "train", config, f"name={name}", f"output.dir={out_dir}",
-            "output.progress=off"] + list(overrides)
+            "output.progress=off", "output.overwrite=true"] + list(overrides)
     print(f"{prog}: {label}: mpiexec -n {ranks} python -m mpi4py {' '.join(args)}", flush=True)
     proc = run_mpi(ranks, args, timeout_s=timeout_s)
     if proc.returncode != 0:

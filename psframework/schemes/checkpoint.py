@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
@@ -88,11 +88,15 @@ def read_checkpoint(path: str) -> Checkpoint:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        refused = _refused(exc)
+        if refused is None:
+            raise ConfigError(f"train.resume: cannot read checkpoint {path!r}: not a file torch.save wrote, "
+                              "expected a psframework checkpoint") from None
         raise ConfigError(f"train.resume: {path!r} holds objects other than tensors and plain containers "
-                          f"({_refused(exc)}); refused, loading it could run code") from None
+                          f"({refused}); refused, loading it could run code") from None
     except Exception as exc:  # a truncated or foreign file
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ConfigError(f"train.resume: cannot read checkpoint {path!r} ({type(exc).__name__}: {first})") from None
+        raise ConfigError(f"train.resume: cannot read checkpoint {path!r} ({type(exc).__name__}: "
+                          f"{_first_line(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ConfigError(f"train.resume: {path!r} is not a psframework checkpoint of format {FORMAT} "
@@ -104,13 +108,18 @@ def read_checkpoint(path: str) -> Checkpoint:
         raise ConfigError(f"train.resume: checkpoint {path!r} lacks an entry or has a wrong one ({exc})") from None
 
 
-def _refused(exc: Exception) -> str:
-    """Return the part of torch's weights-only refusal that names what the file asked for."""
+def _refused(exc: Exception) -> Optional[str]:
+    """Return the part of torch's weights-only refusal that names the global the file asked for, if any."""
     for line in str(exc).splitlines():
-        line = line.strip()
-        if "GLOBAL" in line or "Unsupported" in line:
-            return line.rstrip(".")
-    return type(exc).__name__
+        if "GLOBAL" in line:
+            return line.strip().rstrip(".")
+    return None
+
+
+def _first_line(exc: Exception) -> str:
+    """Return the first sentence of an exception's message (torch's run to many lines)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__).split(". ")[0].rstrip(".")
 
 
 def restore(checkpoint: Checkpoint, model: torch.nn.Module) -> None:
