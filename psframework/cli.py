@@ -42,8 +42,11 @@ def _fail(message: str, rank: int = 0) -> int:
 
 
 def _end_cleanly(comm: object, status: int) -> int:
-    """Finalize MPI before returning `status`: every rank agreed to stop, so no MPI_Abort (and its extra lines)."""
-    if comm is not None:
+    """Finalize MPI before returning `status`: every rank agreed to stop, so no MPI_Abort (and its extra lines).
+
+    Only in a process the MPI launcher started: a caller that imported mpi4py itself keeps its MPI.
+    """
+    if comm is not None and environment.launched_by_mpi():
         from mpi4py import MPI
 
         MPI.Finalize()
@@ -197,7 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the `psf` command line."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may follow an option (psf check CONFIG --machine train.lr=0.1): argparse leaves them over.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 

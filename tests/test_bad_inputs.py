@@ -75,7 +75,8 @@ ROWS: Dict[str, Row] = {
     "resume force word": train("train.resume_force=sometimes", phrase="train.resume_force: got 'sometimes'"),
     "batch 0": train("data.batch_size=0", phrase="data.batch_size: got 0, expected a positive integer"),
     "batch 2.5": train("data.batch_size=2.5", phrase="data.batch_size: got 2.5, expected an integer"),
-    "batch 1e9": train("data.batch_size=1000000000", phrase="data.batch_size: got 1000000000, expected 1..10000000"),
+    "batch 1e9": train("scheme=sazd", "data.batch_size=1000000000",
+                       phrase="data.batch_size: got 1000000000, expected 1..10000000"),
     "batch beyond the data": train("data.batch_size=5000",
                                    phrase="data.batch_size: got 5000, larger than the 1438 training samples"),
     "test batch 0": train("data.test_batch_size=0", phrase="data.test_batch_size: got 0"),
@@ -91,7 +92,7 @@ ROWS: Dict[str, Row] = {
     "model typo": train("model.name=resnet", phrase="model.name: got 'resnet'"),
     "input size 4": train("model.input_size=4", phrase="model lenet5: input size 4 is too small for its conv stack"),
     "input size 100000": train("model.input_size=100000", phrase="model.input_size: got 100000, expected 4..4096"),
-    "channels too many": train("model.channels=[100000,100000]",
+    "channels too many": train("scheme=sazd", "model.channels=[100000,100000]",
                                phrase="model.channels: got 100000, expected 1..65536"),
     "channels count": train("model.channels=[8]", phrase="model.channels: got 1 values [8], model lenet5 has 2"),
     "channels empty": train("model.channels=[]", phrase="model.channels: got [], expected a list of positive"),
@@ -184,9 +185,10 @@ ROWS: Dict[str, Row] = {
     # ---- command lines
     "no arguments": Row(("train",), "psf train: the following arguments are required"),
     "no command": Row(("launch",), "invalid choice: 'launch'"),
+    "unknown option": Row(("check", "{digits}", "--bogus"), "unrecognized arguments: --bogus"),
     "world size not a number": Row(("check", "{sazd}", "--world-size", "x"), "invalid int value: 'x'"),
     "world size mismatch": Row(("check", "{sazd}", "--world-size", "4"), "world size 4 does not fit code.n=4"),
-    "check machine without a GPU": Row(("check", "--machine", "{digits}", "device=cuda"),
+    "check machine without a GPU": Row(("check", "{digits}", "--machine", "device=cuda"),
                                        "device: got 'cuda' but torch sees no CUDA device"),
     "check machine without data": Row(("check", "--machine", "{digits}", "data.dataset=mnist",
                                        "data.root={tmp}/nothing"),
@@ -198,6 +200,8 @@ ROWS: Dict[str, Row] = {
                           True),
     "mpi checkpoint runs code": sazd("train.resume={evil}", phrase="refused, loading it could run code"),
     "mpi checkpoint of another scheme": sazd("train.resume={ckpt}", phrase="scheme 'reference' -> 'sazd'"),
+    "mpi sazd checkpoint other lr and batch": sazd("train.resume={sazd_ckpt}", "train.lr=0.1", "data.batch_size=16",
+                                                   phrase="data.batch_size 32 -> 16; train.lr 0.02 -> 0.1"),
     "mpi memory": sazd("data.batch_size=1000000", phrase="memory: a server rank of scheme sazd needs"),
     "mpi finished run": sazd("name=done", phrase="already holds a finished run"),
     "mpi run in use": sazd("name=busy", phrase="is in use by pid"),
@@ -314,6 +318,14 @@ class Files:
 
     def ckpt(self):
         return self.checkpoint
+
+    def sazd_ckpt(self):
+        """Train sazd for 3 iterations under mpiexec; return its checkpoint."""
+        out = self.tmp_dir / "sazd-runs"
+        proc = run_mpi(5, ["-m", "psframework", "train", self.sazd(), f"output.dir={out}", "name=coded",
+                           "train.max_iterations=3", "output.progress=off"], timeout=120)
+        assert proc.returncode == 0, describe(proc)
+        return out / "coded" / "checkpoint.pt"
 
     def evil(self):
         path = self.tmp_dir / "evil.pt"
