@@ -190,7 +190,10 @@ def test_training_outlives_a_killed_worker_under_the_guard(tmp_path):
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["lost_workers"] == [FROZEN_RANK], output
     assert len(losses(job.run_dir)) == 600 and summary["final_test_accuracy"] > 0.9, output
-    assert f"rank(s) {FROZEN_RANK} lost" in output and "watchdog" not in output, output
+    # The death shows either as an MPI error on a request to the rank or, at the stop, as its silence
+    # after the process manager's notice: which comes first is timing.
+    told = (f"rank(s) {FROZEN_RANK} lost" in output or f"rank {FROZEN_RANK} died (the MPI reports it failed)" in output)
+    assert told and f"the run finished without rank(s) {FROZEN_RANK}" in output and "watchdog" not in output, output
 
 
 @pytest.mark.mpi
