@@ -608,6 +608,10 @@ def host_empty(shape: Tuple[int, ...], dtype: str = "float32") -> Any:
     return raw.view(torch_dtype).reshape(shape)
 
 
-def allocate(dtype: str, shape: Tuple[int, ...]) -> Any:
-    """Return an empty CPU torch tensor of `dtype` and `shape` to receive into."""
-    return host_empty(shape, dtype)
+def allocate(dtype: str, shape: Tuple[int, ...], device: Any = None) -> Any:
+    """Return an empty torch tensor of `dtype` and `shape` to receive into: on the CPU, or on `device`."""
+    if device is None or str(device) == "cpu":
+        return host_empty(shape, dtype)
+    import torch
+
+    return torch.empty(tuple(int(s) for s in shape), dtype=getattr(torch, dtype), device=device)

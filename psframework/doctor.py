@@ -44,19 +44,24 @@ def _gpus() -> List[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
-def collect_rank(comm: Any) -> Dict[str, Any]:
-    """Return this rank's host, local rank, thread plan and GPU binding (collective over comm)."""
+def collect_rank(comm: Any, cuda_aware: str = "auto") -> Dict[str, Any]:
+    """Return this rank's host, local rank, thread plan, GPU binding and CUDA-awareness (collective over comm)."""
+    import torch
+
+    from psframework.comm.cuda import resolve_cuda_aware
     from psframework.runtime.binding import plan_gpu_binding
     from psframework.runtime.threads import plan_threads
 
     binding = plan_gpu_binding(comm)
     plan = plan_threads(comm)
+    name = torch.cuda.get_device_name(binding.device) if binding.device is not None else None
     return {"rank": comm.Get_rank(), "host": socket.gethostname(), "pid": os.getpid(),
             "local_rank": binding.local.rank, "local_rank_source": binding.local.source,
             "ranks_per_node": plan.ranks_per_node, "ranks_per_node_source": plan.source,
             "cores_per_node": plan.cores_per_node, "usable_cores": plan.usable_cores, "threads": plan.threads,
             "visible_gpus": binding.visible_gpus, "cuda_visible_devices": environment.cuda_visible_devices(),
-            "gpu": None if binding.device is None else f"cuda:{binding.device}"}
+            "gpu": None if binding.device is None else f"cuda:{binding.device}", "gpu_name": name,
+            "cuda_aware": "yes" if resolve_cuda_aware(cuda_aware, comm).aware else "no"}
 
 
 def collect_global(comm: Any, cuda_aware: str) -> Dict[str, Any]:
@@ -82,7 +87,8 @@ def collect_global(comm: Any, cuda_aware: str) -> Dict[str, Any]:
 
 COLUMNS = (("rank", "rank"), ("host", "host"), ("pid", "pid"), ("local rank", "local_rank"),
            ("from", "local_rank_source"), ("ranks/node", "ranks_per_node"), ("cores/node", "cores_per_node"),
-           ("usable", "usable_cores"), ("threads", "threads"), ("GPUs", "visible_gpus"), ("binding", "gpu"))
+           ("usable", "usable_cores"), ("threads", "threads"), ("GPUs", "visible_gpus"), ("binding", "gpu"),
+           ("GPU name", "gpu_name"), ("CUDA-aware", "cuda_aware"))
 
 
 def format_report(info: Dict[str, Any], ranks: Sequence[Dict[str, Any]]) -> str:
@@ -103,7 +109,7 @@ def format_report(info: Dict[str, Any], ranks: Sequence[Dict[str, Any]]) -> str:
         f"  NumPy            {info['numpy']}, Python {info['python']}",
         "",
     ]
-    cells = [["cpu" if r[key] is None else str(r[key]) for _, key in COLUMNS]
+    cells = [[("cpu" if key == "gpu" else "-") if r.get(key) is None else str(r[key]) for _, key in COLUMNS]
              for r in sorted(ranks, key=lambda r: r["rank"])]
     rows = [[h for h, _ in COLUMNS]] + cells
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -133,7 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     comm = MPI.COMM_WORLD
     info = collect_global(comm, args.cuda_aware)
-    ranks = comm.gather(collect_rank(comm), root=0)
+    ranks = comm.gather(collect_rank(comm, args.cuda_aware), root=0)
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps({"global": info, "ranks": ranks}, indent=2))

@@ -212,6 +212,11 @@ ROWS: Dict[str, Row] = {
                               phrase="labels are a dict"),
 }
 
+if not torch.cuda.is_available():  # where a GPU is visible these are not bad inputs
+    ROWS["device cuda without a GPU"] = train("device=cuda", phrase="device: got 'cuda' but torch sees no CUDA "
+                                              "device on rank 0 (host " + socket.gethostname() + ")")
+    ROWS["mpi device cuda without a GPU"] = sazd("device=cuda", phrase="sees no CUDA device on rank 0 (host")
+
 
 class Files:
     """Build the files a row names, on demand, below one temporary directory."""

@@ -40,6 +40,35 @@ def test_gpu_binding_is_local_rank_modulo_visible_gpus():
     assert none.device is None and none.describe().startswith("cpu (no GPU visible)")
 
 
+# (case, launcher variables of each rank, GPUs each rank sees, the GPU index each rank must bind)
+LAYOUTS = [
+    ("2 nodes x 4 GPUs, mpirun", [{"OMPI_COMM_WORLD_LOCAL_RANK": str(r % 4), "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+                                  for r in range(8)], 4, [0, 1, 2, 3, 0, 1, 2, 3]),
+    ("1 GPU shared by 5 ranks", [{"MPI_LOCALRANKID": str(r), "MPI_LOCALNRANKS": "5"} for r in range(5)], 1,
+     [0, 0, 0, 0, 0]),
+    ("srun --gpus-per-task=1 (each task sees its own GPU as device 0)",
+     [{"SLURM_LOCALID": str(r % 4)} for r in range(8)], 1, [0] * 8),
+    ("srun, 2 GPUs per node for 4 tasks (two ranks per GPU)", [{"SLURM_LOCALID": str(r)} for r in range(4)], 2,
+     [0, 1, 0, 1]),
+]
+
+
+@pytest.mark.parametrize("case,environs,visible,expected", LAYOUTS, ids=[c[0] for c in LAYOUTS])
+def test_every_rank_of_a_layout_binds_its_gpu(case, environs, visible, expected):
+    assert [plan_gpu_binding(visible_gpus=visible, environ=env).device for env in environs] == expected
+
+
+def test_auto_falls_back_to_the_cpu_with_a_note_and_cpu_binds_nothing(monkeypatch):
+    from psframework.runtime import binding
+
+    assert binding.select_device("cpu") == ("cpu", None)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto binds it")
+    monkeypatch.setenv("MPI_LOCALRANKID", "0")  # no collective split needed
+    device, note = binding.select_device("auto")
+    assert device == "cpu" and "device auto: no GPU visible" in note and "training on the CPU" in note
+
+
 def test_threads_share_the_node_cores_among_its_ranks():
     usable = usable_cores()
     plan = plan_threads(cores_per_node=64, environ={"MPI_LOCALNRANKS": "4"})

@@ -38,7 +38,7 @@ def test_doctor_prints_a_row_per_rank_under_mpiexec():
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]
     assert [r[0] for r in rows] == ["0", "1", "2"], out
     assert [r[3] for r in rows] == ["0", "1", "2"] and all(r[4] == "MPI_LOCALRANKID" for r in rows), out
-    assert all(r[-1] == "cpu" for r in rows), out
+    assert all(r[-3:] == ["cpu", "-", "no"] for r in rows), out  # binding, GPU name, CUDA-aware
 
 
 def test_doctor_works_on_one_process_and_as_json():

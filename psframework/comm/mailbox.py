@@ -12,7 +12,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
-from .buffers import allocate
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
 from .flow import test_one
@@ -51,13 +50,13 @@ class Mailbox:
                     raise RuntimeError(f"message from rank {self.source}: header says {header.envelope}, "
                                        f"tag {tag} does not match")
                 if header.nbytes:
-                    out = allocate(header.dtype, header.shape)
+                    out = self.transport.allocate(header.dtype, header.shape)
                     wire = self.transport.receive_buffer(out)
                     self._pending = (header, out, wire)
                     # The payload follows its header with the same tag: this receive matches it first.
                     self._request = self.transport.comm.Irecv([wire.data, MPI.BYTE], self.source, tag)
                     continue
-                self._keep(header, allocate(header.dtype, header.shape))
+                self._keep(header, self.transport.allocate(header.dtype, header.shape))
             else:
                 header, out, wire = self._pending
                 self._pending = None

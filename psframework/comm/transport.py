@@ -1,6 +1,6 @@
 """Enveloped point-to-point messages, first-k-of-n receives, a watchdog and draining of late replies.
 
-Every message goes as two MPI messages with the same tag, sent back to back: a 128-byte header
+Every message goes as two MPI messages with the same tag, sent back to back: a 144-byte header
 (kind, iteration, layer, phase, dtype, shape, size) and the payload bytes. The tag holds kind,
 layer and phase; the full iteration is in the header and is checked on receipt, so a late reply of
 round t is never taken for a reply of round t+1. Header receives are pre-posted; each payload
@@ -326,11 +326,13 @@ class Transport:
     place every outgoing message passes through. `window` paces the sends: at most that many
     messages in flight per destination, the rest kept back (flow.py; None sends everything at once).
     A request that fails (its peer died) ends that peer's receives; the rank is then in `failed`.
+    Payloads received into buffers the transport allocates land on `device` (a torch device; None or
+    cpu: host memory), staged through pinned host memory when the MPI is not CUDA-aware.
     """
 
     def __init__(self, comm: Any = None, *, cuda_aware: Any = "auto", timeout_s: Optional[float] = None,
                  dup: bool = True, send_hook: Optional[SendHook] = None,
-                 poll_sleep_s: Optional[float] = None, window: Optional[int] = None) -> None:
+                 poll_sleep_s: Optional[float] = None, window: Optional[int] = None, device: Any = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if base == MPI.COMM_NULL:
             raise ValueError("comm: got MPI.COMM_NULL, expected a communicator this rank belongs to")
@@ -351,6 +353,7 @@ class Transport:
             raise ValueError(f"poll_sleep_s: got {poll_sleep_s!r}, expected seconds >= 0 or None (automatic)")
         self.poll_sleep_s = auto_poll_sleep(base) if poll_sleep_s is None else float(poll_sleep_s)
         self.send_hook = send_hook
+        self.device = device  # where received payloads are allocated (None: host memory)
         self.stats = TransportStats()
         self._pool = StagingPool()
         self._live: Dict[Tuple[int, int], _Slot] = {}
@@ -363,6 +366,10 @@ class Transport:
         self._mailboxes: List[Any] = []
         self.failed: set = set()  # ranks the MPI reported failed (dead): nothing more goes to or comes from them
         self.flow = FlowControl(base, window, self._post_message, self.peer_failed)
+
+    def allocate(self, dtype: str, shape: Tuple[int, ...]) -> Any:
+        """Return an empty tensor to receive a payload into, on this transport's device."""
+        return allocate(dtype, shape, self.device)
 
     # -- sending ------------------------------------------------------------------------------
     def isend(self, dest: int, data: Any, envelope: Envelope, *, urgent: bool = False) -> SendHandle:
@@ -575,7 +582,7 @@ class Transport:
     def _check_match(self, slot: _Slot, header: Header, consume: bool = False) -> None:
         """Allocate the destination or check it against the header; raise MessageMismatch if it differs."""
         if slot.out is None:
-            slot.out = allocate(header.dtype, header.shape)
+            slot.out = self.allocate(header.dtype, header.shape)
             slot.info = tensor_info(slot.out)
             return
         info = slot.info

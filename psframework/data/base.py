@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,10 @@ class TensorPair:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def to(self, device: Any) -> "TensorPair":
+        """Return the images and labels on `device`."""
+        return TensorPair(self.images.to(device), self.labels.to(device))
+
 
 @dataclass
 class Dataset:
@@ -32,6 +37,10 @@ class Dataset:
     train: TensorPair
     test: TensorPair
     num_classes: int
+
+    def to(self, device: Any) -> "Dataset":
+        """Return the dataset with both splits on `device` (itself when they are there already)."""
+        return Dataset(self.name, self.train.to(device), self.test.to(device), self.num_classes)
 
     @property
     def image_shape(self) -> tuple:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from psframework import environment
 
@@ -88,3 +88,21 @@ def bind_gpu(comm: Any = None) -> GpuBinding:
         except ImportError:
             pass
     return binding
+
+
+def select_device(setting: str, comm: Any = None) -> Tuple[str, Optional[str]]:
+    """Bind this rank's GPU for `cuda` or `auto` (collective); return the torch device and a note.
+
+    The note says that `auto` found no GPU and falls back to the CPU (None otherwise). `cuda`
+    without a visible GPU was refused before start-up (psframework.schemes.preflight).
+    """
+    if setting == "cpu":
+        return "cpu", None
+    binding = bind_gpu(comm)
+    if binding.device is not None:
+        return "cuda", None
+    if setting == "cuda":
+        raise RuntimeError("device: cuda, but this rank sees no GPU")
+    import socket
+
+    return "cpu", f"psf: device auto: no GPU visible on {socket.gethostname()}, training on the CPU"

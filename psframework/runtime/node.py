@@ -22,6 +22,8 @@ class Node:
     peers: Optional[Any]
     settings: TransportSettings
     threads: Any = None  # the ThreadPlan of this rank
+    device: str = "cpu"  # the torch device this rank computes on (its bound GPU is the current one)
+    device_note: Optional[str] = None  # why `device: auto` fell back to the CPU, if it did
 
     def wants_progress_thread(self) -> bool:
         """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
@@ -67,14 +69,19 @@ class LossNotice:
 LOSS = LossNotice()
 
 
-def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False) -> Node:
-    """Split the job into server and workers, plan threads and open the transports (collective)."""
+def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu") -> Node:
+    """Split the job into server and workers, bind the GPU, plan threads and open the transports (collective).
+
+    `device` is the `device` setting (cpu, cuda, auto); received tensors land on the chosen device.
+    """
     from psframework.comm import Transport, setup_roles
+    from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
     from psframework.runtime.threads import configure_threads
 
     LOSS.install()
     roles = setup_roles(comm)
+    chosen, note = select_device(device, roles.comm)
     plan = configure_threads(roles.comm, threads=settings.threads or None)
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
         set_decode_threads(plan.threads)
@@ -82,13 +89,13 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     def transport(on: Any, paced: bool) -> Any:
         return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s,
                          send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us),
-                         window=settings.window if paced else None)
+                         window=settings.window if paced else None, device=chosen)
 
     # Rank 0 and workers sending to peers pace their messages: any worker may stop taking them (frozen,
     # descheduled, dead). Rank 0 is never paced against: a stalled rank 0 stalls the run anyway.
     world = transport(roles.comm, paced=roles.is_server)
     worker_peers = transport(roles.workers_comm, paced=True) if (peers and roles.is_worker) else None
-    return Node(roles, world, worker_peers, settings, plan)
+    return Node(roles, world, worker_peers, settings, plan, chosen, note)
 
 
 def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,

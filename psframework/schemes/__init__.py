@@ -39,7 +39,9 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     from psframework.runtime.node import LOSS, start_node
 
     relay = scheme.coded and settings.transport.dissemination == "relay"
-    node = start_node(settings.transport, comm, peers=relay)
+    node = start_node(settings.transport, comm, peers=relay, device=settings.device)
+    if node.device_note and node.roles.is_server:
+        print(node.device_note, flush=True)
     if node.roles.is_server:
         link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
                             detach_after=settings.transport.detach_after, lost=LOSS)

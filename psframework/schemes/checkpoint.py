@@ -78,9 +78,20 @@ def save_checkpoint(path: str, iteration: int, num_train: int, model: torch.nn.M
                     settings: Settings, coded: bool) -> None:
     """Write a checkpoint atomically (temporary name, then rename)."""
     payload = {"format": FORMAT, "iteration": int(iteration), "num_train": int(num_train),
-               "fingerprint": fingerprint(settings.config, coded, model), "model": model.state_dict(),
-               "state": state, "torch_rng": torch.get_rng_state(), "config": settings.config}
+               "fingerprint": fingerprint(settings.config, coded, model), "model": on_cpu(model.state_dict()),
+               "state": on_cpu(state), "torch_rng": torch.get_rng_state(), "config": settings.config}
     atomic_write(path, lambda fh: torch.save(payload, fh), mode="wb")
+
+
+def on_cpu(obj: Any) -> Any:
+    """Return `obj` with every tensor in it copied to the CPU (a checkpoint resumes on any device)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return type(obj)((key, on_cpu(value)) for key, value in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(value) for value in obj)
+    return obj
 
 
 def read_checkpoint(path: str) -> Checkpoint:

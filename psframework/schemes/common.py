@@ -31,9 +31,11 @@ def new_model(settings: Settings, in_channels: int, classes: int) -> SplitCNN:
 
 
 def build_problem(settings: Settings) -> Tuple[Dataset, SplitCNN]:
-    """Load the dataset and build the model."""
+    """Load the dataset and build the model, both on this rank's device."""
     dataset = load_dataset(settings.data, input_size_of(settings.model))
-    return dataset, new_model(settings, dataset.image_shape[0], dataset.num_classes)
+    model = new_model(settings, dataset.image_shape[0], dataset.num_classes)
+    device = resolve_device(settings.device)
+    return dataset.to(device), model.to(device)
 
 
 def model_skeleton(settings: Settings) -> SplitCNN:

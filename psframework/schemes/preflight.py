@@ -26,19 +26,19 @@ ACTIVATION_COPIES = 2  # values kept for the backward pass and their gradients
 SERVER, WORKER = "server", "worker"
 
 
-def check_machine(settings: Settings) -> None:
+def check_machine(settings: Settings, rank: int = 0) -> None:
     """Raise ConfigError when the machine cannot run `settings` (paths, GPU)."""
     check_paths(settings)
-    check_device(settings.device)
+    check_device(settings.device, rank)
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, rank: int = 0) -> None:
     """Raise ConfigError when `device: cuda` is asked for and torch sees no GPU."""
     if device == "cuda" and not torch.cuda.is_available():
         import socket
 
-        raise ConfigError(f"device: got 'cuda' but torch sees no CUDA device on host {socket.gethostname()}; "
-                          "use cpu or auto")
+        raise ConfigError(f"device: got 'cuda' but torch sees no CUDA device on rank {rank} (host "
+                          f"{socket.gethostname()}); use cpu or auto")
 
 
 def check_paths(settings: Settings) -> None:

@@ -7,15 +7,9 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from psframework.data import TensorPair
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, resolve_device
 from psframework.schemes.driver import Problem, ServerSide, StepResult
 from psframework.settings import Settings
-
-
-def to_device(pair: TensorPair, device: torch.device) -> TensorPair:
-    """Return the images and labels on `device`."""
-    return TensorPair(pair.images.to(device), pair.labels.to(device))
 
 
 class ReferenceTrainer(ServerSide):
@@ -23,10 +17,7 @@ class ReferenceTrainer(ServerSide):
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
         super().__init__(settings, problem, link)
-        self.device = resolve_device(settings.device)
-        self.model.to(self.device)
-        for split in ("train", "test"):
-            setattr(problem.dataset, split, to_device(getattr(problem.dataset, split), self.device))
+        self.device = resolve_device(settings.device)  # build_problem put the model and data there
         self.optimizers = [conv_optimizer(settings.optim, self.model.conv_parameters()),
                            head_optimizer(settings.optim, self.model.head_parameters())]
 

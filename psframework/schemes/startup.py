@@ -73,7 +73,7 @@ def agree(comm: Any, outcome: Optional[Tuple[int, str]]) -> None:
 def preflight(settings: Settings, rank: int) -> Opening:
     """Check this rank's part before anything is allocated; rank 0 also opens the run directory."""
     if rank != 0:
-        check_device(settings.device)
+        check_device(settings.device, rank)
         check_memory(settings, WORKER)
         return Opening()
     check_machine(settings)
