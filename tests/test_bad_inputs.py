@@ -202,6 +202,8 @@ ROWS: Dict[str, Row] = {
     "mpi checkpoint of another scheme": sazd("train.resume={ckpt}", phrase="scheme 'reference' -> 'sazd'"),
     "mpi sazd checkpoint other lr and batch": sazd("train.resume={sazd_ckpt}", "train.lr=0.1", "data.batch_size=16",
                                                    phrase="data.batch_size 32 -> 16; train.lr 0.02 -> 0.1"),
+    "mpi cuda-aware on a plain MPI": sazd("comm.cuda_aware=true", phrase="comm.cuda_aware: got true, but the MPI "
+                                          "library is not CUDA-aware (MPIX_Query_cuda_support()=0)"),
     "mpi memory": sazd("data.batch_size=1000000", phrase="memory: a server rank of scheme sazd needs"),
     "mpi finished run": sazd("name=done", phrase="already holds a finished run"),
     "mpi run in use": sazd("name=busy", phrase="is in use by pid"),

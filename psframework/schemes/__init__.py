@@ -16,7 +16,7 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     from psframework.schemes.startup import attempt, preflight
 
     rank = comm.Get_rank() if comm is not None else 0
-    opening, outcome = attempt(lambda: preflight(settings, rank))
+    opening, outcome = attempt(lambda: preflight(settings, rank, comm))
     _agree_or_close(comm, outcome, opening)
     try:
         return _train(settings, comm, opening)

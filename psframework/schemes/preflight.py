@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -39,6 +39,18 @@ def check_device(device: str, rank: int = 0) -> None:
 
         raise ConfigError(f"device: got 'cuda' but torch sees no CUDA device on rank {rank} (host "
                           f"{socket.gethostname()}); use cpu or auto")
+
+
+def check_cuda_aware(setting: str, comm: Any) -> None:
+    """Raise ConfigError when `comm.cuda_aware: true` is set and the MPI library says it is not CUDA-aware."""
+    if setting != "true" or comm is None or comm.Get_size() == 1:  # one process moves no tensors through MPI
+        return
+    from psframework.comm.cuda import detect_cuda_aware, query_cuda_support
+
+    found = detect_cuda_aware(comm)
+    if not found.aware and query_cuda_support() is not None:  # the library answered: believe it
+        raise ConfigError(f"comm.cuda_aware: got true, but the MPI library is not CUDA-aware ({found.method}); "
+                          "use auto (device buffers are then staged through host memory) or false")
 
 
 def check_paths(settings: Settings) -> None:

@@ -16,7 +16,8 @@ from psframework.config import ConfigError
 from psframework.data import DatasetError
 from psframework.rundir import RunDirectory, open_run_directory
 from psframework.schemes.checkpoint import Checkpoint, differences, fingerprint, read_checkpoint
-from psframework.schemes.preflight import SERVER, WORKER, check_device, check_machine, check_memory, meta_model
+from psframework.schemes.preflight import (SERVER, WORKER, check_cuda_aware, check_device, check_machine,
+                                           check_memory, meta_model)
 from psframework.settings import Settings
 
 EXIT_USAGE = 2
@@ -70,8 +71,9 @@ def agree(comm: Any, outcome: Optional[Tuple[int, str]]) -> None:
             raise RunEnds(message if rank == 0 else f"rank {rank}: {message}", status)
 
 
-def preflight(settings: Settings, rank: int) -> Opening:
+def preflight(settings: Settings, rank: int, comm: Any = None) -> Opening:
     """Check this rank's part before anything is allocated; rank 0 also opens the run directory."""
+    check_cuda_aware(settings.transport.cuda_aware, comm)
     if rank != 0:
         check_device(settings.device, rank)
         check_memory(settings, WORKER)
