@@ -87,6 +87,16 @@ class Backend:
         """Copy the bytes of contiguous `src` into the host byte array `host`."""
         raise NotImplementedError
 
+    def to_host_async(self, src: Any, host: np.ndarray) -> Any:
+        """Start copying device array `src` into `host` once its producer is done; return the pending copy.
+
+        The pending copy has query() (done yet?) and synchronize() (wait); None means the copy is done.
+        By default the copy is made at once, after waiting for the producing stream.
+        """
+        self.synchronize(src)
+        self.to_host(src, host)
+        return None
+
     def from_host(self, host: np.ndarray, dst: Any) -> None:
         """Copy the host byte array `host` into the memory of `dst`."""
         raise NotImplementedError
@@ -293,6 +303,32 @@ class TorchBackend(Backend):
 
     def to_host(self, src: Any, host: np.ndarray) -> None:
         self.torch.from_numpy(host).copy_(self._bytes(src))
+
+    def to_host_async(self, src: Any, host: np.ndarray) -> Any:
+        """Copy a CUDA tensor to pinned host memory on a side stream, after the stream that produced it.
+
+        The host does not wait: the copy overlaps with what the producing stream does next, and the
+        caller posts the MPI send once the returned event has completed.
+        """
+        if not src.is_cuda:
+            self.to_host(src, host)
+            return None
+        torch = self.torch
+        stream = self._copy_stream(src.device)
+        stream.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(stream):
+            torch.from_numpy(host).copy_(self._bytes(src), non_blocking=True)
+        src.record_stream(stream)  # the allocator must not reuse src's memory before the copy has read it
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _copy_stream(self, device: Any) -> Any:
+        """Return this device's side stream for staging copies (made once)."""
+        streams = self.__dict__.setdefault("_streams", {})
+        if device not in streams:
+            streams[device] = self.torch.cuda.Stream(device)
+        return streams[device]
 
     def from_host(self, host: np.ndarray, dst: Any) -> None:
         # viewed as the tensor's dtype and shape, the bytes land right whatever the strides of `dst`

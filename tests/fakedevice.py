@@ -112,3 +112,43 @@ class FakeDeviceBackend(InterfaceBackend):
 
 
 register_backend(FakeDeviceArray, FakeDeviceBackend())
+
+
+class SlowCopyArray(FakeDeviceArray):
+    """A fake device array whose copies to the host land only after a few queries, as on a side stream."""
+
+
+class PendingCopy:
+    """A device-to-host copy in flight: the bytes land when query() has been asked `after` times."""
+
+    def __init__(self, src: np.ndarray, host: np.ndarray, after: int) -> None:
+        self.src, self.host, self.left = src, host, after
+
+    def query(self) -> bool:
+        self.left -= 1
+        if self.left <= 0:
+            self.synchronize()
+        return self.left <= 0
+
+    def synchronize(self) -> None:
+        if self.src is not None:
+            ctypes.memmove(self.host.ctypes.data, self.src.ctypes.data, self.host.nbytes)
+            self.src = None
+        self.left = 0
+
+
+class SlowCopyBackend(FakeDeviceBackend):
+    """The fake device's backend, with copies to the host that complete later (`to_host_async`)."""
+
+    name = "slow-copy fake device"
+    queries = 3
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, SlowCopyArray)
+
+    def to_host_async(self, src: Any, host: np.ndarray) -> Any:
+        COPIES["to_host"] += 1
+        return PendingCopy(src.host, host, self.queries)
+
+
+register_backend(SlowCopyArray, SlowCopyBackend())

@@ -34,9 +34,19 @@ class WireBuffer:
     finish: Optional[Callable[[], None]] = None  # after a staged receive: copy host bytes to the device
     release: Optional[Callable[[], None]] = None  # give staging memory back once MPI is done with it
     keep: Any = None  # objects that must outlive the MPI operation
+    pending: Any = None  # a staged send's device-to-host copy still in flight (query(), synchronize())
+
+    def ready(self) -> bool:
+        """Return whether the bytes are in place for MPI (a staged send's copy has completed)."""
+        if self.pending is not None and self.pending.query():
+            self.pending = None
+        return self.pending is None
 
     def done(self, received: bool) -> None:
         """Finish a receive (copy staged bytes home) and release staging memory."""
+        if self.pending is not None:  # a send dropped while its copy was in flight: let the copy end first
+            self.pending.synchronize()
+            self.pending = None
         if received and self.finish is not None:
             self.finish()
         if self.release is not None:
@@ -90,19 +100,23 @@ class StagingPool:
 
 def _wire(backend: Backend, array: Any, info: TensorInfo, cuda_aware: bool, pool: StagingPool,
           for_send: bool) -> WireBuffer:
-    """Return the wire bytes of contiguous, detached `array`, staged when it is on a device MPI cannot read."""
+    """Return the wire bytes of contiguous, detached `array`, staged when it is on a device MPI cannot read.
+
+    A staged send's copy to host memory may still be in flight (`WireBuffer.pending`): the transport
+    posts the message once it has completed, so the copy overlaps with the work that follows.
+    """
     if info.location == HOST:
         return WireBuffer(backend.host_view(array), info, keep=array)
+    if for_send and not cuda_aware:
+        host = pool.take(info.nbytes)
+        pending = backend.to_host_async(array, host)
+        return WireBuffer(host, info, release=partial(pool.give, host), keep=array, pending=pending)
     # sends: the data must be complete; receives: no kernel may still use the memory MPI overwrites
     backend.synchronize(array)
     if cuda_aware:
         return WireBuffer(backend.device_view(array), info, keep=array)
     host = pool.take(info.nbytes)
-    finish = None
-    if for_send:
-        backend.to_host(array, host)
-    else:
-        finish = partial(backend.from_host, host, array)
+    finish = partial(backend.from_host, host, array)
     return WireBuffer(host, info, finish=finish, release=partial(pool.give, host), keep=array)
 
 

@@ -40,12 +40,13 @@ class FlowControl:
     """Window, queues and acknowledgements of one transport; `post` puts a message on the wire."""
 
     def __init__(self, comm: Any, window: Optional[int], post: Callable[[Any], None],
-                 failed: Callable[[int], None]) -> None:
+                 failed: Callable[[int], None], ready: Callable[[Any], bool] = lambda handle: True) -> None:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window: got {window!r}, expected a number of messages >= 1 or None (no pacing)")
         self.window = window
         self.ack_every = max(1, (window or 2) // 2)
         self._post = post
+        self._ready = ready  # whether a message's bytes are in place (a staging copy may be in flight)
         self._failed = failed  # told of a rank whose credit traffic fails (it died)
         self._peers: Dict[int, Peer] = {}
         self._credits = comm.Dup()  # credit messages never meet the transport's own traffic
@@ -68,13 +69,25 @@ class FlowControl:
         return state
 
     def submit(self, dest: int, handle: Any, urgent: bool = False) -> bool:
-        """Post a message now if the window allows (or `urgent`), else keep it back; return whether posted."""
+        """Post a message now if it is ready and the window allows (or `urgent`), else keep it back.
+
+        Return whether it was posted. Messages to one destination leave in the order submitted.
+        """
         peer = self.peer(dest)
-        if self.window is None or urgent or (not peer.queue and peer.posted - peer.acked < self.window):
+        if self._ready(handle) and (urgent or (not peer.queue and self._open(peer))):
             self._post(handle)
             return True
         peer.queue.append(handle)
         return False
+
+    def _open(self, peer: Peer) -> bool:
+        """Return whether the window towards a peer has room for one more message."""
+        return self.window is None or peer.posted - peer.acked < self.window
+
+    def _pump(self, peer: Peer) -> None:
+        """Post kept-back messages, oldest first, while they are ready and the window has room."""
+        while peer.queue and self._open(peer) and self._ready(peer.queue[0]):
+            self._post(peer.queue.popleft())
 
     def posting(self, dest: int) -> Tuple[int, bool]:
         """Count a message about to be posted; return the header's (ack, paced) words."""
@@ -112,13 +125,15 @@ class FlowControl:
             self._acked(rank, ack)
         if self._credit_sends:
             self._credit_sends = [(r, b) for r, b in self._credit_sends if not _done(r)]
+        for peer in self._peers.values():
+            if peer.queue:  # a staging copy may have completed since
+                self._pump(peer)
 
     def _acked(self, rank: int, ack: int) -> None:
         peer = self.peer(rank)
         if ack > peer.acked:
             peer.acked = ack
-        while peer.queue and peer.posted - peer.acked < (self.window or 1):
-            self._post(peer.queue.popleft())
+        self._pump(peer)
 
     def _send_credit(self, rank: int, peer: Peer) -> None:
         buf = np.array([peer.received], np.int64)

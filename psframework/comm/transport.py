@@ -365,7 +365,8 @@ class Transport:
         self._statuses: List[Any] = []
         self._mailboxes: List[Any] = []
         self.failed: set = set()  # ranks the MPI reported failed (dead): nothing more goes to or comes from them
-        self.flow = FlowControl(base, window, self._post_message, self.peer_failed)
+        self.flow = FlowControl(base, window, self._post_message, self.peer_failed,
+                                ready=lambda handle: handle.wire is None or handle.wire.ready())
 
     def allocate(self, dtype: str, shape: Tuple[int, ...]) -> Any:
         """Return an empty tensor to receive a payload into, on this transport's device."""

@@ -15,7 +15,7 @@ import torch
 
 from psframework.comm import Envelope, Kind, MessageMismatch, Phase, Transport, detect_cuda_aware, setup_roles
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fakedevice import COPIES, FakeDeviceArray  # noqa: E402
+from fakedevice import COPIES, FakeDeviceArray, SlowCopyArray  # noqa: E402
 
 
 def env(it: int, layer: int = 0) -> Envelope:
@@ -34,6 +34,21 @@ def check_fake_device(t: Transport, rank: int, it: int) -> None:
         t.recv(0, env(it), out=got)
         assert np.array_equal(got.host, data), got.host
         t.send(0, FakeDeviceArray(got.host * 2), env(it, 1))
+
+
+def check_copies_in_flight(t: Transport, rank: int) -> None:
+    """A staged send whose copy to the host is still in flight is posted once the copy has completed."""
+    data = np.arange(5 * 3, dtype=np.float32).reshape(5, 3) + 0.5
+    if rank == 0:
+        first = t.isend(1, SlowCopyArray(data.copy()), env(20))
+        second = t.isend(1, np.full(4, 7.0, np.float32), env(21))  # ready at once, but it must not overtake
+        assert first.requests is None and second.requests is None, "posted before the copy completed"
+        first.wait()
+        second.wait()
+    elif rank == 1:
+        got = t.recv(0, env(20))
+        assert np.array_equal(got.numpy(), data), got
+        assert np.array_equal(t.recv(0, env(21)).numpy(), np.full(4, 7.0, np.float32))
 
 
 def check_dtypes(t: Transport, rank: int) -> None:
@@ -102,6 +117,7 @@ def main() -> None:
     check_fake_device(staged, rank, 1)
     if rank in (0, 1):  # one staged send and one staged receive on each side, none on the CUDA-aware path
         assert COPIES == {"to_host": 1, "to_device": 1}, COPIES
+    check_copies_in_flight(staged, rank)
     check_dtypes(staged, rank)
     check_mismatch(staged, rank)
     for t in (aware, staged):
