@@ -91,18 +91,21 @@ def bind_gpu(comm: Any = None) -> GpuBinding:
 
 
 def select_device(setting: str, comm: Any = None) -> Tuple[str, Optional[str]]:
-    """Bind this rank's GPU for `cuda` or `auto` (collective); return the torch device and a note.
+    """Bind this rank's GPU for `cuda` or `auto`; return the torch device and a note.
 
-    The note says that `auto` found no GPU and falls back to the CPU (None otherwise). `cuda`
-    without a visible GPU was refused before start-up (psframework.schemes.preflight).
+    Collective over `comm` when GPUs are visible (the local rank may need a shared-memory split);
+    without `comm` (a single process) the default GPU is used. The note says that `auto` found no
+    GPU and falls back to the CPU (None otherwise). `cuda` without a visible GPU was refused before
+    start-up (psframework.schemes.preflight).
     """
     if setting == "cpu":
         return "cpu", None
-    binding = bind_gpu(comm)
-    if binding.device is not None:
-        return "cuda", None
-    if setting == "cuda":
-        raise RuntimeError("device: cuda, but this rank sees no GPU")
-    import socket
+    if visible_gpu_count() == 0:
+        if setting == "cuda":
+            raise RuntimeError("device: cuda, but this rank sees no GPU")
+        import socket
 
-    return "cpu", f"psf: device auto: no GPU visible on {socket.gethostname()}, training on the CPU"
+        return "cpu", f"psf: device auto: no GPU visible on {socket.gethostname()}, training on the CPU"
+    if comm is not None:
+        bind_gpu(comm)
+    return "cuda", None

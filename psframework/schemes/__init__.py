@@ -30,6 +30,11 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
 
     scheme = get_scheme(settings.run.scheme)
     if not scheme.mpi:
+        from psframework.runtime.binding import select_device
+
+        note = select_device(settings.device)[1]
+        if note:
+            print(note, flush=True)
         side, outcome = attempt(lambda: _server_side(settings, scheme, opening))
         _agree_or_close(None, outcome, opening)
         from psframework.schemes.driver import run_server
