@@ -6,7 +6,8 @@ Checks, with `--device cuda` (the default; `--device cpu` runs the same machiner
 2. relay dissemination's integer view restores a device tensor bit-exactly from every k-subset;
 3. SA decoding of integer data on the device equals decoding on the host, bit for bit;
 4. transport bandwidth for device buffers next to host buffers, 1-64 MiB (rank 0 to rank 1 and back);
-5. iteration time of sazd, stanza and ps on the vgg-small benchmark configs on the device and on the CPU.
+5. iteration time of every scheme with a vgg-small benchmark config (configs/bench_*.yaml: ps, stanza,
+   sazd, uncoded) on the device and on the CPU.
 Checks 1-3 pass or fail; 4 and 5 are measurements. The exit status is 1 if any check failed.
 """
 
@@ -184,10 +185,15 @@ def bandwidth(device: str, max_size: int) -> List[Dict[str, Any]]:
 
 
 def iteration_times(device: str, out: str, quick: bool) -> List[Dict[str, Any]]:
-    """Return the mean iteration time of sazd, stanza and ps (vgg-small configs) on the device and the CPU."""
+    """Return the mean iteration time of every scheme with a benchmark config (vgg-small: ps, stanza, sazd,
+    uncoded) on the device and on the CPU."""
+    from psframework.schemes import scheme_names
+
+    configs = {name: os.path.join(CONFIGS, f"bench_{name}.yaml") for name in scheme_names()}
+    timed = [name for name, path in configs.items() if os.path.isfile(path)]
     rows = []
-    for name in ("sazd", "stanza", "ps")[:1 if quick else 3]:
-        config = os.path.join(CONFIGS, f"bench_{name}.yaml")
+    for name in timed[:1] if quick else timed:
+        config = configs[name]
         row: Dict[str, Any] = {"scheme": name}
         for where in dict.fromkeys((device, "cpu")):  # once when the device under test is the CPU
             length = f"train.max_iterations={5 if quick else 30}"
