@@ -76,7 +76,11 @@ def plan_gpu_binding(comm: Any = None, visible_gpus: Optional[int] = None,
 
 def bind_gpu(comm: Any = None) -> GpuBinding:
     """Make this rank's GPU the current device for torch (and CuPy if installed); return the binding."""
-    binding = plan_gpu_binding(comm)
+    return use_gpu(plan_gpu_binding(comm))
+
+
+def use_gpu(binding: GpuBinding) -> GpuBinding:
+    """Make a binding's GPU the current device for torch (and CuPy if installed); return the binding."""
     if binding.device is not None:
         import torch
 
@@ -93,19 +97,22 @@ def bind_gpu(comm: Any = None) -> GpuBinding:
 def select_device(setting: str, comm: Any = None) -> Tuple[str, Optional[str]]:
     """Bind this rank's GPU for `cuda` or `auto`; return the torch device and a note.
 
-    Collective over `comm` when GPUs are visible (the local rank may need a shared-memory split);
-    without `comm` (a single process) the default GPU is used. The note says that `auto` found no
-    GPU and falls back to the CPU (None otherwise). `cuda` without a visible GPU was refused before
-    start-up (psframework.schemes.preflight).
+    Collective over `comm` for every rank alike, GPUs or not (the local rank may need a shared-memory
+    split); without `comm` (a single process) the default GPU is used. The note says that `auto`
+    found no GPU and falls back to the CPU (None otherwise). `cuda` without a visible GPU was refused
+    before start-up (psframework.schemes.preflight).
     """
     if setting == "cpu":
         return "cpu", None
-    if visible_gpu_count() == 0:
+    # Planned on every rank, GPUs or not: a node without any must still take part in the split.
+    binding = plan_gpu_binding(comm) if comm is not None else None
+    count = binding.visible_gpus if binding is not None else visible_gpu_count()
+    if count == 0:
         if setting == "cuda":
             raise RuntimeError("device: cuda, but this rank sees no GPU")
         import socket
 
         return "cpu", f"psf: device auto: no GPU visible on {socket.gethostname()}, training on the CPU"
-    if comm is not None:
-        bind_gpu(comm)
+    if binding is not None:
+        use_gpu(binding)
     return "cuda", None
