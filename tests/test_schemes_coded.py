@@ -34,7 +34,7 @@ def train(tmp_path, ranks, *overrides, timeout=240):
 
 
 def model_state(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def losses(run_dir):
