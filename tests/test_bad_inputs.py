@@ -20,6 +20,7 @@ from mpiutil import describe, run_mpi
 from psframework.cli import main
 from psframework.rundir import LOCK_NAME
 from test_data import idx_bytes, write_batch, write_cifar, write_mnist
+from test_safety import RunsCode, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -358,16 +359,6 @@ class Files:
         return self.saved("hollow.pt", {"format": 3})
 
 
-class RunsCode:
-    """A pickle payload that would create a marker file when unpickled by a full unpickler."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 @pytest.fixture(scope="module")
 def reference_checkpoint(tmp_path_factory) -> str:
     """A checkpoint of 4 reference iterations (constant learning rate) on digits."""
@@ -392,23 +383,13 @@ def prepare_run_directories(out, checkpoint: str) -> None:
     (busy / LOCK_NAME).write_text(f"{socket.gethostname()} {os.getpid()} 2026-01-01T00:00:00\n")
 
 
-def files_below(directory) -> Dict[str, bytes]:
-    found = {}
-    for base, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(base, name)
-            with open(path, "rb") as fh:
-                found[os.path.relpath(path, directory)] = fh.read()
-    return found
-
-
 def setup_row(tmp_path, checkpoint: str, row: Row) -> Tuple[Files, List[str], str, Dict[str, bytes]]:
     files = Files(tmp_path, checkpoint)
     out = tmp_path / "out"
     out.mkdir()
     prepare_run_directories(out, checkpoint)
     argv = [files.fill(arg) for arg in row.argv]
-    return files, argv, files.fill(row.phrase), files_below(out)
+    return files, argv, files.fill(row.phrase), snapshot(out)
 
 
 def check_one_line(status: int, stderr: str, phrase: str, where: str) -> None:
@@ -434,7 +415,7 @@ def test_a_bad_input_gives_one_line_and_status_2(name, tmp_path, reference_check
     except SystemExit as exc:  # argparse's usage errors exit
         status = exc.code
     check_one_line(status, capsys.readouterr().err, phrase, "in one process")
-    assert files_below(tmp_path / "out") == before, "the run left files behind or changed some"
+    assert snapshot(tmp_path / "out") == before, "the run left files behind or changed some"
     assert not (tmp_path / "ran").exists(), "a checkpoint ran code"
 
 
@@ -444,5 +425,5 @@ def test_a_bad_input_under_mpiexec_gives_one_line_and_status_2(name, tmp_path, r
     files, argv, phrase, before = setup_row(tmp_path, reference_checkpoint, row)
     proc = run_mpi(5, ["-m", "psframework", *argv], timeout=120)
     check_one_line(proc.returncode, proc.stderr, phrase, f"under mpiexec\n{describe(proc)}")
-    assert files_below(tmp_path / "out") == before, "the run left files behind or changed some"
+    assert snapshot(tmp_path / "out") == before, "the run left files behind or changed some"
     assert not (tmp_path / "ran").exists(), "a checkpoint ran code"

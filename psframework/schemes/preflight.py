@@ -57,28 +57,20 @@ def check_paths(settings: Settings) -> None:
     """Raise ConfigError naming a dataset directory, checkpoint or output path that cannot serve."""
     data = settings.data
     if data.root is not None or data.dataset in FILE_DATASETS:
-        expect_directory("data.root", data.root, "the directory of the dataset's files")
+        expect_path("data.root", data.root, "the directory of the dataset's files", directory=True)
     if settings.run.resume is not None:
-        expect_file("train.resume", settings.run.resume, "a checkpoint file")
+        expect_path("train.resume", settings.run.resume, "a checkpoint file")
     check_writable("output.dir", os.path.dirname(settings.run.run_dir) or ".")
 
 
-def expect_directory(key: str, path: str, what: str) -> None:
-    """Raise ConfigError unless `path` is an existing directory."""
-    if os.path.isdir(path):
+def expect_path(key: str, path: str, what: str, directory: bool = False) -> None:
+    """Raise ConfigError unless `path` is an existing directory (or regular file), naming what it is instead."""
+    if os.path.isdir(path) if directory else os.path.isfile(path):
         return
     if os.path.exists(path):
-        raise ConfigError(f"{key}: {path!r} is a file, expected {what}")
-    raise ConfigError(f"{key}: directory {path!r} does not exist, expected {what}")
-
-
-def expect_file(key: str, path: str, what: str) -> None:
-    """Raise ConfigError unless `path` is an existing regular file."""
-    if os.path.isfile(path):
-        return
-    if os.path.isdir(path):
-        raise ConfigError(f"{key}: {path!r} is a directory, expected {what}")
-    raise ConfigError(f"{key}: {what} {path!r} does not exist")
+        raise ConfigError(f"{key}: {path!r} is a {'file' if directory else 'directory'}, expected {what}")
+    missing = f"directory {path!r} does not exist, expected {what}" if directory else f"{what} {path!r} does not exist"
+    raise ConfigError(f"{key}: {missing}")
 
 
 def check_writable(key: str, path: str) -> None:
