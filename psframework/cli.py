@@ -7,12 +7,13 @@ import importlib
 import os
 import sys
 import typing
-from typing import Optional, Sequence
+from dataclasses import replace
+from typing import Any, List, Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.config import ConfigError, dump_config, load_config
-from psframework.data import DatasetError, dataset_shape
-from psframework.settings import make_settings
+from psframework.data import DatasetError
+from psframework.settings import code_settings, make_settings
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -120,29 +121,41 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_model_info(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
+        lines = model_info(cfg)
     except ConfigError as exc:
         return _fail(str(exc))
-    from psframework.models import build_model, model_summary
-    from psframework.models.split import input_size_of
-
-    in_channels, classes = dataset_shape(cfg.data)
-    try:
-        model = build_model(cfg.model, in_channels, classes)
-    except ValueError as exc:
-        return _fail(str(exc))
-    rows = model_summary(model)
-    size = input_size_of(cfg.model)
-    print(f"model {cfg.model.name}: input {in_channels}x{size}x{size}, {classes} classes")
-    print(f"{'part':<15} {'layer':<24} {'output':<16} {'params':>10} {'activations':>12}")
-    for r in rows:
-        shape = "x".join(str(d) for d in r["output"])
-        print(f"{r['part']:<15} {r['layer']:<24} {shape:<16} {r['params']:>10,} {r['activations']:>12,}")
-    conv = sum(r["params"] for r in rows if r["part"].startswith("conv"))
-    head = sum(r["params"] for r in rows) - conv
-    total = conv + head
-    print(f"conv stack {conv:,} parameters ({100 * conv / total:.1f}%), head {head:,} ({100 * head / total:.1f}%), "
-          f"total {total:,}; feature map {'x'.join(map(str, model.feature_shape))} per sample")
+    print("\n".join(lines))
     return 0
+
+
+def model_info(cfg: Any) -> List[str]:
+    """Return the lines of `psf model-info`: coded layers, rank 0's layers, the Stanza cut, each side's sizes."""
+    from psframework.models.cut import cut_model
+    from psframework.models.info import coded_rows, server_layers, sides
+    from psframework.schemes.coded_parts import code_of
+    from psframework.schemes.common import input_shape, meta_model, placement_of
+
+    model = meta_model(cfg)
+    placement = placement_of(cfg, model)
+    settings = code_settings(cfg)
+    code = code_of(settings if settings.kind else replace(settings, kind="shift-add"))
+    k, size = settings.k, settings.symbol_size
+    shape = "x".join(map(str, input_shape(cfg)))
+    lines = [f"model {cfg.model.name}: input {shape}, {placement.output_shape[0]} classes; "
+             f"coded with {code!r}, {size} channel(s) per symbol",
+             f"coded convolutions (on the workers in sazd, sazd-naive, poly, uncoded): {len(placement.coded)}"]
+    lines += coded_rows(placement, k, size, lambda symbols: code.packet_length(symbols, 1))
+    lines.append(f"on rank 0: {server_layers(placement)}")
+    for name, why in placement.on_server.items():
+        lines.append(f"  convolution {name} runs on rank 0: {why}")
+    try:
+        features = cut_model(model, placement, cfg.model.name).feature_shape
+        lines.append(f"stanza cut: before {placement.calls[placement.cut].name!r} "
+                     f"(model.split_at={cfg.model.split_at or 'default'})")
+    except ConfigError as exc:
+        features = None
+        lines.append(f"stanza cut: none ({exc})")
+    return lines + sides(model, placement, k, features)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

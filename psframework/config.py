@@ -9,12 +9,12 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
 FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
-MODELS = ("lenet5", "vgg-small", "alexnet-small")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 LINEAR_OPTIMIZERS = ("sgd",)
 
 
@@ -72,18 +72,22 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    dataset: Literal["digits", "mnist", "fashion-mnist", "cifar10", "synthetic"] = "digits"
+    dataset: str = "digits"  # a built-in name or "package.module:factory"
+    args: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of a dataset factory
     root: Optional[str] = None
     batch_size: int = 32
     test_batch_size: int = 256
     seed: int = 0
     drop_last: bool = True
+    loader_workers: int = 0  # DataLoader worker processes of a streamed dataset
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
 @dataclass
 class ModelConfig:
-    name: Literal["lenet5", "vgg-small", "alexnet-small"] = "lenet5"
+    name: str = "lenet5"  # a built-in model or "package.module:factory"
+    args: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of a model factory
+    split_at: Optional[str] = None  # stanza: the module that starts the head on rank 0
     input_size: Optional[int] = None
     channels: Optional[List[int]] = None
     fc: Optional[List[int]] = None
@@ -195,6 +199,8 @@ def _type_name(tp: Any) -> str:
         return _type_name(inner[0]) + " or null"
     if origin in (list, List):
         return f"a list of {_type_name(args[0])}"
+    if origin in (dict, Dict):
+        return "a mapping of names to values"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
@@ -224,6 +230,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             raise bad
         return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if not isinstance(value, Mapping) or not all(isinstance(name, str) for name in value):
+            raise bad
+        return dict(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise bad
@@ -321,6 +331,7 @@ def validate(cfg: Config) -> Config:
 # Upper (and remaining lower) bounds of numbers: beyond them a value is a typo, not an experiment.
 _BOUNDS = {
     "data.batch_size": (1, 10**7), "data.test_batch_size": (1, 10**7), "data.seed": (0, SEED_MAX),
+    "data.loader_workers": (0, 256),
     "data.synthetic.channels": (1, 4096), "data.synthetic.height": (1, 4096), "data.synthetic.width": (1, 4096),
     "data.synthetic.classes": (2, 100_000), "data.synthetic.train_size": (1, 10**8),
     "data.synthetic.test_size": (1, 10**8), "data.synthetic.noise": (0.0, 1e6),
@@ -353,17 +364,13 @@ def _check_bounds(cfg: Config) -> None:
 
 
 def _check_geometry(cfg: Config) -> None:
-    """Build the model's layers on torch's meta device (no memory): channel counts and sizes must fit."""
-    from psframework.data import dataset_shape
-    from psframework.models import build_model
+    """Build the model on torch's meta device (no memory) and check that the scheme can place it."""
+    from psframework.schemes.common import check_model
 
-    import torch
-
-    with torch.device("meta"):
-        try:
-            build_model(cfg.model, *dataset_shape(cfg.data))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    try:
+        check_model(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_train(t: TrainConfig) -> None:
@@ -451,6 +458,13 @@ def _check_data(d: DataConfig) -> None:
         value = getattr(syn, key)
         _require(value > 0, f"data.synthetic.{key}: got {value}, expected a positive integer")
     _require(syn.classes >= 2, f"data.synthetic.classes: got {syn.classes}, expected >= 2")
+    from psframework.imports import is_import_path
+
+    if d.dataset not in DATASETS and not is_import_path(d.dataset):
+        hint = difflib.get_close_matches(d.dataset, DATASETS, n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"data.dataset: got {d.dataset!r}, expected one of {', '.join(DATASETS)} "
+                          f"or package.module:factory{extra}")
     if d.dataset in FILE_DATASETS:
         _require(d.root is not None, f"data.root: dataset {d.dataset} needs data.root, the directory of its files")
 

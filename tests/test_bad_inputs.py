@@ -91,11 +91,29 @@ ROWS: Dict[str, Row] = {
     "synthetic noise -1": train("data.dataset=synthetic", "data.synthetic.noise=-1",
                                 phrase="data.synthetic.noise: got -1.0, expected 0.0..1000000.0"),
     "model typo": train("model.name=resnet", phrase="model.name: got 'resnet'"),
-    "input size 4": train("model.input_size=4", phrase="model lenet5: input size 4 is too small for its conv stack"),
+    "input size 4": train("model.input_size=4", phrase="model lenet5: input size 4 is too small for the conv stack"),
     "input size 100000": train("model.input_size=100000", phrase="model.input_size: got 100000, expected 4..4096"),
     "channels too many": train("scheme=sazd", "model.channels=[100000,100000]",
                                phrase="model.channels: got 100000, expected 1..65536"),
-    "channels count": train("model.channels=[8]", phrase="model.channels: got 1 values [8], model lenet5 has 2"),
+    "channels count": train("model.channels=[8]", phrase="model.channels: got 1 values [8], the model has 2"),
+    "model factory does not import": train("model.name=nosuch.models:net",
+                                           phrase="model.name: 'nosuch.models:net' does not import: ModuleNotFound"),
+    "model file missing": train("model.name=no/such/file.py:net", phrase="does not import: FileNotFoundError"),
+    "model factory not a module": train("model.name=psframework.imports:is_import_path", "model.args.text=x",
+                                        phrase="returned a bool, expected a torch.nn.Module"),
+    "model factory fails": train("model.name={root}/examples/small_resnet.py:Residual",
+                                 phrase="model.name: factory Residual failed with TypeError"),
+    "model output not the classes": train("model.name={root}/examples/small_resnet.py:small_resnet",
+                                          "model.args.num_classes=7",
+                                          phrase="returns (7,) scores per sample, expected (10,)"),
+    "model without convolutions": train("scheme=sazd", "model.name=torch.nn:Flatten", "data.dataset=synthetic",
+                                        "data.synthetic.height=1", "data.synthetic.width=10",
+                                        "data.synthetic.channels=1",
+                                        phrase="model torch.nn:Flatten has no convolution that scheme sazd can code"),
+    "split at missing": train("scheme=stanza", "model.split_at=classifier",
+                              phrase="model.split_at: got 'classifier', model lenet5 has no module"),
+    "model args for built-in": train("model.args.width=3",
+                                     phrase="built-in model lenet5 takes its options as model.channels"),
     "channels empty": train("model.channels=[]", phrase="model.channels: got [], expected a list of positive"),
     "channels as number": train("model.channels=8", phrase="model.channels: got 8, expected a list of an integer"),
     "fc zero": train("model.fc=[0]", phrase="model.fc: got [0], expected a list of positive widths"),
@@ -239,6 +257,9 @@ class Files:
 
     def tmp(self):
         return self.tmp_dir
+
+    def root(self):
+        return ROOT
 
     def out(self):
         return self.tmp_dir / "out"

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from psframework.codes import PolyCode, SAZDCode, UncodedCode
 from psframework.config import load_config
-from psframework.models import build_model
+from psframework.models import build_model, input_size_of, place, split_parameters
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, encode_worker_weights
 from psframework.schemes.coded_layers import layer_codings
 from psframework.schemes.common import conv_optimizer, head_optimizer, make_optimizer
@@ -46,28 +46,35 @@ class LocalExchange:
         return replies
 
 
-def train_both(code, overrides, iterations=12):
+def train_both(code, overrides, iterations=12, model_fn=None, size=None, channels=3):
+    """Train the reference and the coded server side by side on random batches; return both and the workers."""
     cfg = load_config(None, ["train.momentum=0.9", "train.weight_decay=0.001", "train.lr=0.05"] + overrides)
+    build = model_fn or (lambda: build_model(cfg.model, 3, 10))
     torch.manual_seed(0)
-    reference = build_model(cfg.model, 3, 10)
+    reference = build()
     torch.manual_seed(0)
-    model = build_model(cfg.model, 3, 10)
+    model = build()
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    size = size or input_size_of(cfg.model)
+    placement = place(model, (channels, size, size))
     optim = make_settings(cfg).optim
-    ref_opts = [conv_optimizer(optim, reference.conv_parameters()), head_optimizer(optim, reference.head_parameters())]
+    trunk, head = split_parameters(reference, placement)
+    ref_opts = [conv_optimizer(optim, trunk), head_optimizer(optim, head)]
 
-    codings = layer_codings(model, code.k, cfg.code.symbol_channels)
+    codings = layer_codings(placement, code.k, cfg.code.symbol_channels)
     t = cfg.train
-    workers = [CodedWorker(j, code, codings, encode_worker_weights(model, code, codings, j),
+    workers = [CodedWorker(j, code, codings, encode_worker_weights(model, code, codings, placement.coded_names, j),
                            t.lr, t.momentum, t.nesterov, t.weight_decay) for j in range(code.n)]
-    bn = [p for b in model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
-    post = make_optimizer(bn, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if bn else None
-    server = CodedServer(model, code, codings, [head_optimizer(optim, model.head_parameters()), post])
+    coded = placement.worker_parameter_names()
+    named = list(model.named_parameters())
+    local = [p for key, p in named if key not in coded and key not in placement.head]
+    post = make_optimizer(local, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if local else None
+    server = CodedServer(model, code, codings, placement,
+                         [head_optimizer(optim, [p for key, p in named if key in placement.head]), post])
     exchange = LocalExchange(workers, code.k)
     gen = torch.Generator().manual_seed(1)
-    size = model.input_size
     for _ in range(iterations):
-        x = torch.randn(8, 3, size, size, generator=gen)
+        x = torch.randn(8, channels, size, size, generator=gen)
         y = torch.randint(0, 10, (8,), generator=gen)
         for o in ref_opts:
             o.zero_grad()
@@ -77,11 +84,33 @@ def train_both(code, overrides, iterations=12):
             o.step()
         loss = server.step(x, y, exchange)
         assert abs(loss - float(ref_loss.detach())) <= 1e-4 * max(1.0, abs(float(ref_loss.detach())))
-    return reference, model, workers, codings
+    return reference, model, workers, codings, placement
 
 
 def rel_err(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+class OddConvs(torch.nn.Module):
+    """Convolutions of every kind: strided, dilated, without bias, 'same' padding, 1x1, grouped, reused."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.a = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.b = nn.Conv2d(6, 8, 3, padding="same", dilation=2, bias=False)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.shared = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 5, (3, 1), padding=(1, 0))
+        self.fc = nn.Linear(5 * 4, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.relu(self.b(h))
+        h = h + self.grouped(h)
+        h = self.shared(self.shared(h))
+        h = torch.nn.functional.avg_pool2d(torch.relu(self.c(h)), 2)
+        return self.fc(h.flatten(1))
 
 
 # BatchNorm on tiny random batches amplifies rounding differences after some iterations (a max-pool
@@ -93,20 +122,40 @@ def rel_err(a, b):
                       "model.batch_norm=true", "code.symbol_channels=2"], 6),
     (PolyCode(4, 3), ["model.name=lenet5"], 12),
     (UncodedCode(3), ["model.name=lenet5"], 12),
+    (SAZDCode(4, 2), ["model.name=resnet20", "model.channels=[4,6,8]", "model.input_size=8"], 4),
 ])
 def test_coded_training_matches_reference(code, overrides, iterations):
-    reference, model, workers, codings = train_both(code, overrides, iterations)
-    # Decode from two different k-subsets: both must give the reference's conv weights.
+    check_against_reference(code, *train_both(code, overrides, iterations))
+
+
+def test_every_kind_of_convolution_is_coded_or_runs_on_rank_0():
+    code = SAZDCode(4, 2)
+    result = train_both(code, [], 8, model_fn=OddConvs, size=8)
+    placement = result[-1]
+    assert placement.coded_names == ("a", "b", "c")
+    assert set(placement.on_server) == {"grouped", "shared"}
+    assert "groups=2" in placement.on_server["grouped"] and "2 times" in placement.on_server["shared"]
+    check_against_reference(code, *result)
+
+
+def check_against_reference(code, reference, model, workers, codings, placement):
+    """Decode the workers' weights from two k-subsets and compare everything with the reference."""
+    modules = dict(reference.named_modules())
     for subset in (range(code.k), range(code.n - code.k, code.n)):
         layers = decode_conv_state(code, codings, {j: workers[j].state() for j in subset})
-        for layer, block in zip(layers, reference.conv_blocks):
-            assert rel_err(layer["weight"], block.conv.weight.detach()) < 1e-4
-            assert rel_err(layer["bias"], block.conv.bias.detach()) < 1e-4
+        for layer, name in zip(layers, placement.coded_names):
+            conv = modules[name]
+            assert rel_err(layer["weight"], conv.weight.detach()) < 1e-4
+            if conv.bias is not None:
+                assert rel_err(layer["bias"], conv.bias.detach()) < 1e-4
             if layer["col_weight"] is not None:
-                assert rel_err(layer["col_weight"], block.conv.weight.detach()) < 1e-4
-    for a, b in zip(model.head.parameters(), reference.head.parameters()):
-        assert rel_err(a.detach(), b.detach()) < 1e-4
-    for a, b in zip(model.conv_blocks, reference.conv_blocks):
-        if a.bn is not None:
-            assert rel_err(a.bn.weight.detach(), b.bn.weight.detach()) < 1e-4
-            assert rel_err(a.bn.running_mean, b.bn.running_mean) < 1e-4
+                assert rel_err(layer["col_weight"], conv.weight.detach()) < 1e-4
+    coded = placement.worker_parameter_names()
+    ours = dict(model.named_parameters())
+    for key, b in reference.named_parameters():
+        if key not in coded:
+            assert rel_err(ours[key].detach(), b.detach()) < 1e-4, key
+    buffers = dict(model.named_buffers())
+    for key, b in reference.named_buffers():
+        if b.is_floating_point():
+            assert rel_err(buffers[key], b) < 1e-4, key

@@ -213,7 +213,7 @@ def test_the_recorder_keeps_running_sums_not_rows(tmp_path):
 def test_model_info_and_check_need_neither_the_dataset_nor_a_gpu(capsys):
     mnist = os.path.join(ROOT, "configs", "mnist_sazd.yaml")
     assert main(["model-info", mnist, "data.root=/no/such/directory"]) == 0
-    assert "conv1 5x5" in capsys.readouterr().out
+    assert "conv_blocks.0.conv" in capsys.readouterr().out
     assert main(["check", mnist, "device=cuda", "data.root=/no/such/directory"]) == 0
     assert main(["check", "--machine", mnist, "data.root=/no/such/directory"]) == 2
     assert "data.root: directory '/no/such/directory' does not exist" in capsys.readouterr().err

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", ["digits_sazd", "digits_stanza"])
+@pytest.mark.parametrize("name", ["digits_sazd", "digits_stanza", "digits_resnet20_sazd"])
 def test_digits_config_reaches_95_percent_in_5_epochs(tmp_path, name):
     config = os.path.join(ROOT, "configs", f"{name}.yaml")
     proc = run_mpi(5, ["-m", "psframework", "train", config, f"output.dir={tmp_path}", "output.progress=off"],

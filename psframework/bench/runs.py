@@ -145,16 +145,19 @@ def setting(config: str, overrides: Sequence[str]) -> Dict[str, Any]:
 
 def setting_of(cfg: Any) -> Dict[str, Any]:
     """Return the scheme, model, data, workers, links and stragglers of a loaded config."""
-    from psframework.data import dataset_shape
-    from psframework.models.split import input_size_of, model_defaults
+    from psframework.data import dataset_shape, image_shape
+    from psframework.imports import is_import_path
+    from psframework.models import input_size_of, model_defaults
 
-    defaults = model_defaults(cfg.model.name)
+    defaults = {} if is_import_path(cfg.model.name) else model_defaults(cfg.model.name)
     channels, classes = dataset_shape(cfg.data)
     size = input_size_of(cfg.model)
+    shape = [channels, size, size] if size is not None else list(image_shape(cfg.data))
     link = cfg.comm.emulate
-    return {"scheme": cfg.scheme, "model": cfg.model.name, "conv_channels": cfg.model.channels or defaults["channels"],
-            "fc": cfg.model.fc if cfg.model.fc is not None else defaults["fc"], "classes": classes,
-            "dataset": cfg.data.dataset, "input": [channels, size, size], "batch_size": cfg.data.batch_size,
+    return {"scheme": cfg.scheme, "model": cfg.model.name, "model_args": cfg.model.args,
+            "conv_channels": cfg.model.channels or defaults.get("channels"),
+            "fc": cfg.model.fc if cfg.model.fc is not None else defaults.get("fc"), "classes": classes,
+            "dataset": cfg.data.dataset, "input": shape, "batch_size": cfg.data.batch_size,
             "n": cfg.code.n, "k": cfg.code.k,
             "link": None if link.bandwidth_gbps is None else {"bandwidth_gbps": link.bandwidth_gbps,
                                                               "latency_us": link.latency_us},

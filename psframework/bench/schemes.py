@@ -18,12 +18,10 @@ from psframework.bench.runs import MIB, TrainingBenchmark, case_rows, header, li
 def analytic_bytes(config: str, overrides: Sequence[str]) -> Optional[Tuple[int, int]]:
     """Return the analytic (sent, received) payload bytes per iteration of rank 0 for a case (None: no model)."""
     from psframework.config import load_config
-    from psframework.schemes import get_scheme
-    from psframework.schemes.common import model_skeleton
+    from psframework.schemes.common import analytic_server_bytes
     from psframework.settings import make_settings
 
-    settings = make_settings(load_config(config, overrides))
-    return get_scheme(settings.run.scheme).expected_server_bytes(settings, model_skeleton(settings))
+    return analytic_server_bytes(make_settings(load_config(config, overrides)))
 
 
 def figures(summaries: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:

@@ -1,9 +1,9 @@
-"""In-memory dataset container shared by every reader."""
+"""Dataset container and the split interface every training scheme reads through."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator, Protocol, Tuple, runtime_checkable
 
 import numpy as np
 import torch
@@ -14,9 +14,36 @@ class DatasetError(ValueError):
     """A dataset file is missing, truncated or not in the expected format."""
 
 
+@runtime_checkable
+class Split(Protocol):
+    """What a training scheme reads from a train or test split, in memory or streamed."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def image_shape(self) -> Tuple[int, ...]: ...
+
+    def fetch(self, indices: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+    def labels_of(self, indices: np.ndarray) -> torch.Tensor: ...
+
+    def batches(self, batch_size: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def prefetch(self, plan: Iterable[np.ndarray]) -> None: ...
+
+    def to(self, device: Any) -> "Split": ...
+
+    def close(self) -> None: ...
+
+
+def index_tensor(indices: np.ndarray) -> torch.Tensor:
+    """Return sample indices as an int64 tensor (any integer array, slice views included)."""
+    return torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
+
+
 @dataclass
 class TensorPair:
-    """Images (N, C, H, W) float32 and labels (N,) int64."""
+    """Images (N, C, H, W) float32 and labels (N,) int64, held in memory."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -24,9 +51,34 @@ class TensorPair:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    @property
+    def image_shape(self) -> Tuple[int, ...]:
+        """Return (channels, height, width) of one image."""
+        return tuple(self.images.shape[1:])
+
     def to(self, device: Any) -> "TensorPair":
         """Return the images and labels on `device`."""
         return TensorPair(self.images.to(device), self.labels.to(device))
+
+    def fetch(self, indices: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return the images and labels of these samples, in this order."""
+        index = index_tensor(indices)
+        return self.images[index], self.labels[index]
+
+    def labels_of(self, indices: np.ndarray) -> torch.Tensor:
+        """Return the labels of these samples, in this order."""
+        return self.labels[index_tensor(indices)]
+
+    def batches(self, batch_size: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Yield the whole split in order, batch_size samples at a time."""
+        for start in range(0, len(self), batch_size):
+            yield self.images[start:start + batch_size], self.labels[start:start + batch_size]
+
+    def prefetch(self, plan: Iterable[np.ndarray]) -> None:
+        """Do nothing: every sample is in memory already."""
+
+    def close(self) -> None:
+        """Do nothing: an in-memory split holds no loader."""
 
 
 @dataclass
@@ -34,8 +86,8 @@ class Dataset:
     """A train/test split with its shape and class count."""
 
     name: str
-    train: TensorPair
-    test: TensorPair
+    train: Split
+    test: Split
     num_classes: int
 
     def to(self, device: Any) -> "Dataset":
@@ -45,7 +97,12 @@ class Dataset:
     @property
     def image_shape(self) -> tuple:
         """Return (channels, height, width) of one image."""
-        return tuple(self.train.images.shape[1:])
+        return tuple(self.train.image_shape)
+
+    def close(self) -> None:
+        """Stop the loader processes of both splits."""
+        self.train.close()
+        self.test.close()
 
 
 def to_tensor_pair(images: np.ndarray, labels: np.ndarray) -> TensorPair:

@@ -1,4 +1,4 @@
-"""Load a configured dataset by name, resized to the model's input."""
+"""Load a configured dataset, built-in or from a factory, resized to the model's input."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import numpy as np
 
 from psframework.data.base import Dataset, DatasetError, resize, standardize, to_tensor_pair
 from psframework.data.cifar import load_cifar10
+from psframework.data.custom import custom_image_shape, custom_shape, load_custom
 from psframework.data.idx import load_mnist_like
 from psframework.data.synthetic import make_synthetic
+from psframework.imports import is_import_path
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 20231
@@ -31,6 +33,8 @@ def load_digits_arrays() -> tuple:
 def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
     """Return the dataset of a `data` config section, images resized to input_size."""
     name = data_cfg.dataset
+    if is_import_path(name):
+        return load_custom(data_cfg, input_size)
     if name == "digits":
         arrays = load_digits_arrays()
         classes = 10
@@ -56,9 +60,24 @@ def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
 
 
 def dataset_shape(data_cfg) -> tuple:
-    """Return (input channels, classes) of the configured dataset without loading it."""
+    """Return (input channels, classes) of the configured dataset without loading it (a factory is called once)."""
+    if is_import_path(data_cfg.dataset):
+        return custom_shape(data_cfg)
     if data_cfg.dataset == "synthetic":
         return data_cfg.synthetic.channels, data_cfg.synthetic.classes
     if data_cfg.dataset == "cifar10":
         return 3, 10
     return 1, 10
+
+
+NATIVE_SIZES = {"digits": 8, "mnist": 28, "fashion-mnist": 28, "cifar10": 32}
+
+
+def image_shape(data_cfg) -> tuple:
+    """Return (channels, height, width) of the dataset's images as stored, before any resize."""
+    if is_import_path(data_cfg.dataset):
+        return tuple(custom_image_shape(data_cfg))
+    channels = dataset_shape(data_cfg)[0]
+    if data_cfg.dataset == "synthetic":
+        return channels, data_cfg.synthetic.height, data_cfg.synthetic.width
+    return channels, NATIVE_SIZES[data_cfg.dataset], NATIVE_SIZES[data_cfg.dataset]

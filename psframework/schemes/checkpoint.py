@@ -20,11 +20,14 @@ from psframework.settings import Settings
 FORMAT = 3
 # Settings that change what a checkpoint means; anything else (length, evaluation, comm) may change.
 FINGERPRINT_KEYS = (
-    "scheme", "model.name", "model.input_size", "model.channels", "model.fc", "model.batch_norm", "model.dropout",
-    "data.dataset", "data.batch_size", "data.seed", "data.drop_last", "data.synthetic",
+    "scheme", "model.name", "model.args", "model.split_at", "model.input_size", "model.channels", "model.fc",
+    "model.batch_norm", "model.dropout", "data.dataset", "data.args", "data.batch_size", "data.seed",
+    "data.drop_last", "data.synthetic",
     "train.optimizer", "train.lr", "train.momentum", "train.nesterov", "train.weight_decay", "train.lr_schedule",
     "train.head_optimizer", "train.head_lr", "train.seed",
 )
+# Keys older checkpoints do not record, with the value that means what those checkpoints did.
+ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}}
 CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 
@@ -62,7 +65,7 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[st
     """Return 'key saved -> current' for every fingerprint entry that differs."""
     out = []
     for key in sorted(set(saved) | set(current)):
-        before, after = saved.get(key, "unset"), current.get(key, "unset")
+        before, after = saved.get(key, ADDED_KEYS.get(key, "unset")), current.get(key, "unset")
         if before != after:
             out.append(f"{key} {_short(before)} -> {_short(after)}" if key != "model.shapes" else
                        "model.shapes (the layers' shapes)")

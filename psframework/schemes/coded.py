@@ -21,11 +21,11 @@ from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state
-from psframework.schemes.coded_layers import encode_layer, layer_codings
+from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_codings
 from psframework.schemes.coded_parts import (BACKWARD, FORWARD, Dissemination, activation_shapes, code_of,
                                              conv_state_shapes, conv_state_tensors, flatten, rel_diff, unflatten,
                                              worker_state_shapes)
-from psframework.schemes.common import Step, conv_optimizer, head_optimizer, model_skeleton, scale_lr
+from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, scale_lr
 from psframework.schemes.driver import Event, Problem, Schedule, ServerSide, StepResult, SYNC, STOP, WorkerSide
 from psframework.settings import Settings
 
@@ -44,21 +44,28 @@ class CodedServerBase(ServerSide):
         super().__init__(settings, problem, link)
         self.code = code_of(settings.code)
         self.n, self.k = self.code.n, self.code.k
-        self.codings = layer_codings(self.model, self.k, settings.code.symbol_size)
+        self.placement = placement_of(settings, self.model)
+        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
+        self.conv_modules = [dict(self.model.named_modules())[n] for n in self.placement.coded_names]
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.workers)
         if settings.code.subsets == "rotate":
             link.rotate_subsets(self.k)
         link.require(self.k)
-        bn = [p for b in self.model.conv_blocks if b.bn is not None for p in b.bn.parameters()]
-        post = [conv_optimizer(settings.optim, bn, "sgd")] if bn else []
-        self.optimizers = [head_optimizer(settings.optim, self.model.head_parameters())] + post
-        self.optimizers += self.conv_optimizers()
-        self.core = CodedServer(self.model, self.code, self.codings, self.optimizers)
+        self.optimizers = self.server_optimizers() + self.conv_optimizers()
+        self.core = CodedServer(self.model, self.code, self.codings, self.placement, self.optimizers)
         self.iteration, self.encode_s = 0, 0.0
 
+    def server_optimizers(self) -> List[torch.optim.Optimizer]:
+        """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""
+        coded = self.placement.worker_parameter_names()
+        head = [p for key, p in self.model.named_parameters() if key in self.placement.head]
+        local = [p for key, p in self.model.named_parameters() if key not in coded and key not in self.placement.head]
+        return ([head_optimizer(self.settings.optim, head)] if head else []) + \
+            ([conv_optimizer(self.settings.optim, local, "sgd")] if local else [])
+
     def conv_optimizers(self) -> List[torch.optim.Optimizer]:
-        """Return rank 0's optimizers of the conv layers (none where the workers update them)."""
+        """Return rank 0's optimizers of the coded convolutions (none where the workers update them)."""
         return []
 
     @abstractmethod
@@ -71,9 +78,7 @@ class CodedServerBase(ServerSide):
     def step(self, step: Step) -> StepResult:
         self.iteration, self.encode_s, self.core.decode_s = step.iteration, 0.0, 0.0
         self.link.begin_iteration()
-        index = torch.from_numpy(step.indices)
-        train = self.problem.dataset.train
-        loss = self.core.step(train.images[index], train.labels[index], self)
+        loss = self.core.step(*self.problem.dataset.train.fetch(step.indices), self)
         timings = {**self.link.clock.timings, "encode_s": self.encode_s, "decode_s": self.core.decode_s}
         delays = {str(r): f for r, f in self.stragglers.factors(step.iteration).items() if f}
         return StepResult(loss, timings, {**self.link.iteration_fields(), "straggler_delays": delays})
@@ -117,7 +122,11 @@ class CodedServerSide(CodedServerBase):
 
     def start(self, schedule: Schedule) -> None:
         """Send every worker the uncoded conv state; each encodes its own packets (DEU)."""
-        self.link.send(flatten(conv_state_tensors(self.model, self.momentum)), Msg.params(schedule.start))
+        self.link.send(self.conv_state(), Msg.params(schedule.start))
+
+    def conv_state(self) -> torch.Tensor:
+        """Return the uncoded weights and momentum of the coded convolutions as one flat vector."""
+        return flatten(conv_state_tensors(self.model, self.placement.coded_names, self.momentum))
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights (and momentum) from k workers' state into rank 0's model."""
@@ -131,7 +140,7 @@ class CodedServerSide(CodedServerBase):
         states = self.link.round(torch.zeros(1), Msg.snapshot(iteration), Msg.snapshot_reply(iteration), self.k,
                                  rotate=False)
         self.load_worker_states(states, verify=False)
-        return flatten(conv_state_tensors(self.model, self.momentum))
+        return self.conv_state()
 
     def load_worker_states(self, states: Any, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights and momentum from the replies into rank 0's model; verify if asked."""
@@ -139,10 +148,12 @@ class CodedServerSide(CodedServerBase):
         per_worker = {j: unflatten(s, shapes) for j, s in states.data.items()}
         layers = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), self.k)))
         with torch.no_grad():
-            for block, layer in zip(self.model.conv_blocks, layers):
-                block.conv.weight.copy_(layer["weight"])
-                block.conv.bias.copy_(layer["bias"])
-        self.momentum = [{key: layer[key].clone() for key in ("weight_momentum", "bias_momentum")} for layer in layers]
+            for conv, layer in zip(self.conv_modules, layers):
+                conv.weight.copy_(layer["weight"])
+                if conv.bias is not None:
+                    conv.bias.copy_(layer["bias"])
+        self.momentum = [{key: None if layer[key] is None else layer[key].clone()
+                          for key in ("weight_momentum", "bias_momentum")} for layer in layers]
         if not verify:
             return {}
         diff = self.verify(per_worker, layers)
@@ -152,7 +163,8 @@ class CodedServerSide(CodedServerBase):
     def verify(self, per_worker: Dict[int, List[torch.Tensor]], layers: List[Dict[str, torch.Tensor]]) -> float:
         """Decode from a second k-subset and return the largest relative difference (row and column copies too)."""
         again = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), 1, self.k + 1)))
-        diffs = [rel_diff(a[key], b[key]) for a, b in zip(layers, again) for key in ("weight", "bias")]
+        diffs = [rel_diff(a[key], b[key]) for a, b in zip(layers, again) for key in ("weight", "bias")
+                 if a[key] is not None]
         diffs += [rel_diff(a["col_weight"], a["weight"]) for a in layers if a["col_weight"] is not None]
         return max(diffs)
 
@@ -172,15 +184,13 @@ class CodedServerSide(CodedServerBase):
 class CodedWorkerBase(WorkerSide):
     """Worker j of a coded scheme: answers forward and backward commands, layer by layer."""
 
-    first_backward = 0  # the lowest layer whose backward command this worker gets
-
     def __init__(self, settings: Settings, link: Any) -> None:
         super().__init__(settings, link)
         self.code = code_of(settings.code)
         self.j, self.k = link.index, self.code.k
-        self.model = model_skeleton(settings)
-        self.codings = layer_codings(self.model, self.k, settings.code.symbol_size)
-        self.shapes = activation_shapes(self.model, settings.data.batch_size)
+        self.placement = placement_of(settings)
+        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
+        self.shapes = activation_shapes(self.placement, settings.data.batch_size)
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.workers)
         self.order = self.command_order()
@@ -188,9 +198,12 @@ class CodedWorkerBase(WorkerSide):
 
     def command_order(self) -> List[Tuple[str, int]]:
         """Return the (kind, layer) commands of every iteration, in the order the server sends them."""
-        layers = len(self.codings)
-        backward = range(layers - 1, self.first_backward - 1, -1)
-        return [(FORWARD, layer) for layer in range(layers)] + [(BACKWARD, layer) for layer in backward]
+        backward = [layer for layer in self.placement.backward_order if self.gets_backward(self.codings[layer])]
+        return [(FORWARD, layer) for layer in range(len(self.codings))] + [(BACKWARD, layer) for layer in backward]
+
+    def gets_backward(self, coding: LayerCoding) -> bool:
+        """Return whether the server sends this worker a layer's backward command (DEU: always, to update)."""
+        return True
 
     def opening(self, event: Event) -> Any:
         """Return the envelope of the first server message of a plan event."""
@@ -274,11 +287,12 @@ class CodedWorkerSide(CodedWorkerBase):
 
     def readmitted(self, flat: torch.Tensor) -> None:
         """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
-        state = unflatten(flat, conv_state_shapes(self.model))
+        state = iter(unflatten(flat, conv_state_shapes(self.codings)))
         o = self.settings.optim
         weights, buffers = [], []
-        for layer, coding in enumerate(self.codings):
-            w, b, mw, mb = state[4 * layer:4 * layer + 4]
+        for coding in self.codings:
+            w, b = next(state), next(state) if coding.has_bias else None
+            mw, mb = next(state), next(state) if coding.has_bias else None
             weights.append(encode_layer(coding, self.code, w, b, self.j)[0])
             buffers.append(encode_layer(coding, self.code, mw, mb, self.j)[0])
         self.worker = CodedWorker(self.j, self.code, self.codings, weights, o.lr, o.momentum, o.nesterov,

@@ -9,18 +9,19 @@ in-process one, so the arithmetic is checked against the reference trainer witho
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Protocol, Sequence
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from psframework.codes import Code
-from psframework.models import SplitCNN
+from psframework.models import Placement, remote_convs
 from psframework.schemes.common import make_optimizer
 from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
                                               coded_weight_grads, encode_layer)
 
-FORWARD, BACKWARD = 0, 1
+FORWARD, BACKWARD = 0, 1  # the two passes of a coded layer
 
 
 class Exchange(Protocol):
@@ -91,21 +92,36 @@ class CodedWorker:
         return out
 
 
-def encode_worker_weights(model: SplitCNN, code: Code, codings: List[LayerCoding], j: int) -> List[CodedWeights]:
-    """Return worker j's coded copies of every conv layer of `model`."""
+def conv_weights(model: nn.Module, codings: List[LayerCoding], names: Sequence[str]
+                 ) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """Return the (weight, bias or None) of the model's coded convolutions, detached."""
+    modules = dict(model.named_modules())
+    return [(modules[n].weight.detach(), None if modules[n].bias is None else modules[n].bias.detach())
+            for n in names]
+
+
+def encode_worker_weights(model: nn.Module, code: Code, codings: List[LayerCoding], names: Sequence[str],
+                          j: int) -> List[CodedWeights]:
+    """Return worker j's coded copies of every coded convolution of `model`."""
     with torch.no_grad():
-        return [encode_layer(c, code, b.conv.weight.detach(), b.conv.bias.detach(), j)[0]
-                for c, b in zip(codings, model.conv_blocks)]
+        return [encode_layer(c, code, w, b, j)[0] for c, (w, b) in zip(codings, conv_weights(model, codings, names))]
 
 
 class CodedServer:
-    """Rank 0's side: decode conv outputs, run BatchNorm/ReLU/pooling and the head, decode gradients."""
+    """Rank 0's side: runs the model with its coded convolutions computed by the workers.
 
-    def __init__(self, model: SplitCNN, code: Code, codings: List[LayerCoding],
+    The model runs in its own order with each coded Conv2d replaced by a remote convolution whose
+    forward sends X and decodes Y from the first k replies and whose backward sends dY and decodes
+    dX; everything else (BatchNorm, activations, pooling, residual additions, the head) runs here on
+    the decoded tensors, so autograd keeps the model's structure.
+    """
+
+    def __init__(self, model: nn.Module, code: Code, codings: List[LayerCoding], placement: Placement,
                  optimizers: Sequence[Optional[torch.optim.Optimizer]]):
         self.model = model
         self.code = code
         self.codings = codings
+        self.placement = placement
         # The optimizers of what rank 0 trains: the head, BatchNorm and (naive scheme) the conv layers.
         self.optimizers = [opt for opt in optimizers if opt is not None]
         self.decode_s = 0.0  # seconds spent decoding, accumulated over steps
@@ -119,48 +135,80 @@ class CodedServer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor, exchange: Exchange) -> float:
         """Run one iteration on the global batch (x, y); return the loss."""
-        blocks = self.model.conv_blocks
-        outputs: List[torch.Tensor] = []
-        conv_outs: List[torch.Tensor] = []
-        h = x
-        for layer, (block, coding) in enumerate(zip(blocks, self.codings)):
-            replies = exchange.forward(layer, h)
-            y_l = self.decode(coding, replies, coding.out_channels)
-            y_l = y_l.detach().clone().requires_grad_(True)
-            out = block.post(y_l)
-            conv_outs.append(y_l)
-            outputs.append(out)
-            h = out.detach()
-        features = h.requires_grad_(True)
-        loss = F.cross_entropy(self.model.head(features), y)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad = features.grad
-        for layer in range(len(blocks) - 1, -1, -1):
-            outputs[layer].backward(grad)
-            dy = conv_outs[layer].grad
-            coding = self.codings[layer]
-            replies = exchange.backward(layer, dy, want_reply=coding.has_column_copy)
-            if coding.has_column_copy:
-                grad = self.decode(coding, replies, coding.in_channels)
+        session = _Rounds(self, exchange)
+        with remote_convs(self.model, self.placement.coded_names, session):
+            loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+        session.finish()
         for opt in self.optimizers:
             opt.step()
         return float(loss.detach())
 
 
+class _Rounds:
+    """The session of one iteration: each remote convolution's call becomes a round, in the planned order."""
+
+    def __init__(self, server: CodedServer, exchange: Exchange) -> None:
+        self.server, self.exchange = server, exchange
+        placement = server.placement
+        self.plan = [(FORWARD, c.index) for c in placement.coded] + [(BACKWARD, i) for i in placement.backward_order]
+        self.position = 0
+
+    def expect(self, kind: int, index: int) -> None:
+        """Check that the model calls its coded convolutions in the order the workers follow."""
+        planned = self.plan[self.position] if self.position < len(self.plan) else None
+        if planned != (kind, index):
+            name = self.server.placement.coded[index].name
+            raise RuntimeError(f"model: convolution {name!r} ran its {'backward' if kind else 'forward'} pass out of "
+                               "the traced order; coded schemes need a forward pass without data-dependent "
+                               "control flow")
+        self.position += 1
+
+    def forward(self, index: int, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        self.expect(FORWARD, index)
+        coding = self.server.codings[index]
+        return self.server.decode(coding, self.exchange.forward(index, x.detach()), coding.out_channels)
+
+    def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
+        self.expect(BACKWARD, index)
+        coding = self.server.codings[index]
+        replies = self.exchange.backward(index, dy, want_reply=coding.has_column_copy)
+        if not coding.has_column_copy:
+            return None
+        return self.server.decode(coding, replies, coding.in_channels)
+
+    def finish(self) -> None:
+        """Check that every planned round ran."""
+        if self.position != len(self.plan):
+            raise RuntimeError(f"model: {len(self.plan) - self.position} coded convolution passes of the traced "
+                               "order did not run; coded schemes need a forward pass without data-dependent "
+                               "control flow")
+
+
 def decode_conv_state(code: Code, codings: List[LayerCoding], states: Dict[int, List[torch.Tensor]]
                       ) -> List[Dict[str, torch.Tensor]]:
-    """Decode uncoded weights, biases and momentum buffers from k workers' `CodedWorker.state()`."""
+    """Decode uncoded weights, biases and momentum buffers from k workers' `CodedWorker.state()`.
+
+    Each layer gives {"weight", "weight_momentum", "bias", "bias_momentum", "col_weight"}; the bias
+    entries are None for a layer without bias, "col_weight" for a layer without a column copy.
+    """
     layers, base = [], 0
     for coding in codings:
-        count = 5 if coding.has_column_copy else 4
-        parts = [{j: s[base + offset] for j, s in states.items()} for offset in range(count)]
-        rows = [coding.decode(code, part, axis=0, length=coding.out_channels) for part in parts[:4]]
-        layers.append({
-            "weight": rows[0], "weight_momentum": rows[1], "bias": rows[2], "bias_momentum": rows[3],
-            "col_weight": (coding.decode(code, parts[4], axis=1, length=coding.in_channels)
-                           if coding.has_column_copy else None),
-        })
-        base += 6 if coding.has_column_copy else 4
+        layer: Dict[str, Any] = {"bias": None, "bias_momentum": None, "col_weight": None}
+        for name in tensor_names(coding):
+            for offset, key in enumerate((name, f"{name}_momentum")):
+                part = {j: s[base + offset] for j, s in states.items()}
+                if name == "col_weight":
+                    layer[key] = coding.decode(code, part, axis=1, length=coding.in_channels)
+                else:
+                    layer[key] = coding.decode(code, part, axis=0, length=coding.out_channels)
+            base += 2
+        layers.append(layer)
     return layers
+
+
+def tensor_names(coding: LayerCoding) -> List[str]:
+    """Return the names of a layer's coded tensors in `CodedWeights.tensors` order."""
+    return ["weight"] + (["bias"] if coding.has_bias else []) + (["col_weight"] if coding.has_column_copy else [])

@@ -9,7 +9,10 @@ import numpy as np
 import torch
 
 from psframework.codes import Code, SAZDCode, from_bits, make_code, split_blocks, to_bits
-from psframework.models import SplitCNN
+from torch import nn
+
+from psframework.models import Placement
+from psframework.schemes.coded_core import tensor_names
 from psframework.schemes.coded_layers import LayerCoding, layer_codings
 from psframework.settings import CodeSettings, Settings
 
@@ -38,22 +41,25 @@ def unflatten(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> List[torch.Te
     return out
 
 
-def conv_state_tensors(model: SplitCNN, momentum: Optional[List[Dict[str, torch.Tensor]]]) -> List[torch.Tensor]:
-    """Return [W, b, momentum W, momentum b] of every conv layer (zeros for missing momentum)."""
+def conv_state_tensors(model: nn.Module, names: Sequence[str],
+                       momentum: Optional[List[Dict[str, Optional[torch.Tensor]]]]) -> List[torch.Tensor]:
+    """Return [W, b, momentum W, momentum b] of every coded convolution (no b without bias; zeros for no momentum)."""
+    modules = dict(model.named_modules())
     out = []
-    for i, block in enumerate(model.conv_blocks):
-        w, b = block.conv.weight.detach(), block.conv.bias.detach()
-        mw = momentum[i]["weight_momentum"] if momentum else torch.zeros_like(w)
-        mb = momentum[i]["bias_momentum"] if momentum else torch.zeros_like(b)
-        out += [w, b, mw, mb]
+    for i, name in enumerate(names):
+        conv = modules[name]
+        params = [conv.weight.detach()] + ([] if conv.bias is None else [conv.bias.detach()])
+        keys = ("weight_momentum", "bias_momentum")
+        out += params + [momentum[i][key] if momentum else torch.zeros_like(p) for key, p in zip(keys, params)]
     return out
 
 
-def conv_state_shapes(model: SplitCNN) -> List[torch.Size]:
+def conv_state_shapes(codings: Sequence[LayerCoding]) -> List[torch.Size]:
     """Return the shapes of `conv_state_tensors`."""
-    shapes = []
-    for block in model.conv_blocks:
-        shapes += [block.conv.weight.shape, block.conv.bias.shape] * 2
+    shapes: List[torch.Size] = []
+    for c in codings:
+        params = [torch.Size(c.geometry.weight_shape)] + ([torch.Size([c.out_channels])] if c.has_bias else [])
+        shapes += params * 2
     return shapes
 
 
@@ -62,9 +68,9 @@ def worker_state_shapes(codings: List[LayerCoding], code: Code) -> List[torch.Si
     shapes = []
     for c in codings:
         row = torch.Size(c.row_shape(code))
-        shapes += [row, row, torch.Size(row[:1]), torch.Size(row[:1])]
-        if c.has_column_copy:
-            shapes += [torch.Size(c.col_shape(code))] * 2
+        named = {"weight": row, "bias": torch.Size(row[:1]), "col_weight": torch.Size(c.col_shape(code))}
+        for name in tensor_names(c):
+            shapes += [named[name]] * 2
     return shapes
 
 
@@ -87,10 +93,14 @@ class Dissemination:
         return self.code is not None
 
     def packets(self, x: torch.Tensor) -> List[torch.Tensor]:
-        """Return what the server sends to each worker (the tensor, or packet j of its bits)."""
-        x = x.detach().contiguous()
+        """Return what the server sends to each worker (a copy of the tensor, or packet j of its bits).
+
+        Sends may complete, or even start, after the model has moved on, and autograd reuses gradient
+        buffers in place (a residual connection adds into them): what is sent must be a copy.
+        """
         if self.code is None:
-            return [x] * self.n
+            return [x.detach().clone(memory_format=torch.contiguous_format)] * self.n
+        x = x.detach().contiguous()
         bits = to_bits(x).reshape(-1)
         return [p.contiguous() for p in self.code.encode(split_blocks(bits, self.k), axis=0)]
 
@@ -105,31 +115,27 @@ class Dissemination:
         return from_bits(bits.contiguous(), dtype).reshape(shape)
 
 
-def activation_shapes(model: SplitCNN, batch: int) -> Dict[tuple, tuple]:
-    """Return the shape of each conv layer's input (forward) and output gradient (backward)."""
+def activation_shapes(placement: Placement, batch: int) -> Dict[tuple, tuple]:
+    """Return the shape of each coded convolution's input (forward) and output gradient (backward)."""
     shapes = {}
-    x = torch.zeros(batch, model.in_channels, model.input_size, model.input_size)
-    with torch.no_grad():
-        for layer, block in enumerate(model.conv_blocks):
-            shapes[(FORWARD, layer)] = tuple(x.shape)
-            y = block.conv(x)
-            shapes[(BACKWARD, layer)] = tuple(y.shape)
-            x = block.post(y)
+    for c in placement.coded:
+        shapes[(FORWARD, c.index)] = (batch, *c.input_shape)
+        shapes[(BACKWARD, c.index)] = (batch, *c.output_shape)
     return shapes
 
 
-def expected_server_bytes(settings: Settings, model: SplitCNN) -> Tuple[int, int]:
+def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement) -> Tuple[int, int]:
     """Return the payload bytes rank 0 sends and receives per iteration of sazd, poly or uncoded: (sent, received).
 
-    Per conv layer: the input to every worker (a whole tensor, or with relay one packet of its bits)
-    and every worker's row-coded output; backward, the output gradient to every worker (the first
-    layer: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
+    Per coded convolution: the input to every worker (a whole tensor, or with relay one packet of its
+    bits) and every worker's row-coded output; backward, the output gradient to every worker (a layer
+    without a column copy: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
     is counted, also those that come after the first k (they are received, then dropped).
     """
     code = code_of(settings.code)
     n, batch = code.n, settings.data.batch_size
-    codings = layer_codings(model, code.k, settings.code.symbol_size)
-    shapes = activation_shapes(model, batch)
+    codings = layer_codings(placement, code.k, settings.code.symbol_size)
+    shapes = activation_shapes(placement, batch)
     dissemination = Dissemination(settings.transport.dissemination, settings.code)
     sent = received = 0
     for layer, c in enumerate(codings):

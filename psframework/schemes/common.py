@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from psframework.config import DataConfig
-from psframework.data import Dataset, dataset_shape, iterate_batches, load_dataset, num_batches
-from psframework.models import SplitCNN, build_model
-from psframework.models.split import input_size_of
+from psframework.config import ConfigError, DataConfig
+
+from psframework.data import Dataset, Split, dataset_shape, image_shape, iterate_batches, load_dataset, num_batches
+from psframework.models import Placement, build_model, input_size_of, place
 from psframework.settings import OptimSettings, Settings
 
 
@@ -24,13 +25,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def new_model(settings: Settings, in_channels: int, classes: int) -> SplitCNN:
+def new_model(settings: Settings, in_channels: int, classes: int) -> nn.Module:
     """Build the model initialised from `train.seed` (every rank builds the same one)."""
     torch.manual_seed(settings.optim.seed)
     return build_model(settings.model, in_channels, classes)
 
 
-def build_problem(settings: Settings) -> Tuple[Dataset, SplitCNN]:
+def input_shape(settings: Any) -> Tuple[int, int, int]:
+    """Return the (channels, height, width) of the images the model is given (resized to model.input_size)."""
+    size = input_size_of(settings.model)
+    channels, height, width = image_shape(settings.data)
+    return (channels, height, width) if size is None else (channels, size, size)
+
+
+def build_problem(settings: Settings) -> Tuple[Dataset, nn.Module]:
     """Load the dataset and build the model, both on this rank's device."""
     dataset = load_dataset(settings.data, input_size_of(settings.model))
     model = new_model(settings, dataset.image_shape[0], dataset.num_classes)
@@ -38,9 +46,49 @@ def build_problem(settings: Settings) -> Tuple[Dataset, SplitCNN]:
     return dataset.to(device), model.to(device)
 
 
-def model_skeleton(settings: Settings) -> SplitCNN:
-    """Build the model without loading data (its layer geometry is all a coded worker needs)."""
-    return new_model(settings, *dataset_shape(settings.data))
+def meta_model(settings: Any) -> nn.Module:
+    """Build the model on torch's meta device: its structure and shapes without memory or data."""
+    with torch.device("meta"):
+        return build_model(settings.model, *dataset_shape(settings.data))
+
+
+def placement_of(settings: Any, model: Optional[nn.Module] = None) -> Placement:
+    """Return where the parts of the configured model run (built on the meta device unless given)."""
+    model = meta_model(settings) if model is None else model
+    return place(model, input_shape(settings), settings.model.split_at, settings.model.name)
+
+
+def check_model(settings: Any) -> Placement:
+    """Build the model on the meta device and check that the scheme can place it; ConfigError otherwise.
+
+    `settings` is anything with `model`, `data` and `scheme` or `run.scheme` (a Config or Settings).
+    """
+    from psframework.schemes.registry import get_scheme
+
+    scheme = get_scheme(getattr(settings, "scheme", None) or settings.run.scheme)
+    model = meta_model(settings)
+    placement = placement_of(settings, model)
+    classes = dataset_shape(settings.data)[1]
+    name = settings.model.name
+    if placement.output_shape != (classes,):
+        raise ConfigError(f"model.name: model {name} returns {placement.output_shape} scores per sample, expected "
+                          f"({classes},) for the {classes} classes of data.dataset {settings.data.dataset}")
+    if scheme.coded and not placement.coded:
+        why = "; ".join(f"{n}: {r}" for n, r in placement.on_server.items()) or "it has no nn.Conv2d"
+        raise ConfigError(f"model.name: model {name} has no convolution that scheme {scheme.name} can code ({why})")
+    if scheme.cuts_model:
+        from psframework.models.cut import cut_model
+
+        cut_model(model, placement, name)
+    return placement
+
+
+def analytic_server_bytes(settings: Settings) -> Optional[Tuple[int, int]]:
+    """Return the scheme's analytic (sent, received) payload bytes of rank 0 per iteration (None: no byte model)."""
+    from psframework.schemes.registry import get_scheme
+
+    model = meta_model(settings)
+    return get_scheme(settings.run.scheme).expected_server_bytes(settings, model, placement_of(settings, model))
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], kind: str, lr: float, momentum: float,
@@ -111,17 +159,15 @@ def iteration_plan(data: DataConfig, num_samples: int, start: int, total: int) -
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int) -> Tuple[float, float]:
-    """Return (accuracy, mean cross-entropy) of `model` in eval mode."""
+def evaluate(model: torch.nn.Module, split: Split, batch_size: int) -> Tuple[float, float]:
+    """Return (accuracy, mean cross-entropy) of `model` in eval mode over a split."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
-    for start in range(0, labels.shape[0], batch_size):
-        x, y = images[start:start + batch_size], labels[start:start + batch_size]
+    for x, y in split.batches(batch_size):
         out = model(x)
         loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(dim=1) == y).sum())
     model.train(was_training)
-    n = max(int(labels.shape[0]), 1)
+    n = max(len(split), 1)
     return correct / n, loss_sum / n

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.comm.rounds import Msg, Replies
 from psframework.data import shard, shard_bounds
-from psframework.models import SplitCNN
+from psframework.models import split_parameters
 from psframework.runtime.stragglers import Stragglers
-from psframework.schemes.common import Step, build_problem, conv_optimizer, head_optimizer
-from psframework.schemes.driver import STOP, Event, Problem, ServerSide, StepResult, WorkerSide
+from psframework.schemes.common import Step, build_problem, conv_optimizer, head_optimizer, placement_of
+from psframework.schemes.driver import STOP, Event, Problem, Schedule, ServerSide, StepResult, WorkerSide, steps
 from psframework.settings import Settings
 
 
@@ -51,10 +53,10 @@ def assign(tensors: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
         raise ValueError(f"vector of {vector.numel()} values, expected {offset}")
 
 
-def running_stats(model: SplitCNN) -> List[torch.Tensor]:
-    """Return the conv stack's BatchNorm running means and variances (empty without BatchNorm)."""
-    return [buf for block in model.conv_blocks if block.bn is not None
-            for buf in (block.bn.running_mean, block.bn.running_var)]
+def running_stats(module: nn.Module) -> List[torch.Tensor]:
+    """Return the BatchNorm running means and variances of a module (empty without BatchNorm)."""
+    return [buf for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+            for buf in (m.running_mean, m.running_var)]
 
 
 def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> None:
@@ -92,12 +94,15 @@ class RoundResult:
 class DataParallelServer(ServerSide):
     """Rank 0 of a data-parallel scheme: the parameter server; `round` is the scheme's own part."""
 
+    fetches_batches = False  # the workers load their shards; rank 0 needs labels at most
+
     def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
         super().__init__(settings, problem, link)
         link.require(1)
-        self.conv_opt = conv_optimizer(settings.optim, self.model.conv_parameters())
-        self.head_opt = head_optimizer(settings.optim, self.model.head_parameters())
-        self.optimizers = [self.conv_opt, self.head_opt]
+        self.placement = placement_of(settings, self.model)
+        self.trunk, self.head = split_parameters(self.model, self.placement)
+        self.optimizers = ([conv_optimizer(settings.optim, self.trunk)] if self.trunk else []) + \
+            ([head_optimizer(settings.optim, self.head)] if self.head else [])
 
     @property
     def needed(self) -> int:
@@ -121,8 +126,12 @@ class DataParallelServer(ServerSide):
         return RoundResult(0.0, sorted(replies.indices), sizes)
 
     def keep_running_stats(self, stats: Dict[int, torch.Tensor], result: RoundResult) -> None:
-        """Set the model's BatchNorm running statistics to the used workers' mean, weighted by samples."""
-        assign(running_stats(self.model), weighted_sum(stats, result.sample_weights()))
+        """Set the BatchNorm running statistics the workers keep to their mean, weighted by samples."""
+        assign(running_stats(self.worker_part()), weighted_sum(stats, result.sample_weights()))
+
+    def worker_part(self) -> nn.Module:
+        """Return the part of the model the workers run (the whole model by default)."""
+        return self.model
 
     @abstractmethod
     def round(self, step: Step) -> RoundResult:
@@ -146,8 +155,17 @@ class DataParallelWorker(WorkerSide):
         super().__init__(settings, link)
         self.dataset, self.model = build_problem(settings)  # rank 0's parameters overwrite the model
         self.model.train()
+        self.placement = placement_of(settings, self.model)
         self.j, self.n = link.index, len(link.workers)
         self.stragglers = Stragglers(settings.stragglers, link.workers)
+
+    def start(self, schedule: Schedule) -> None:
+        """Announce this worker's shard of every remaining batch, so that a streamed dataset reads ahead."""
+        plan = steps(self.settings, len(self.dataset.train), schedule)
+        self.dataset.train.prefetch(shard(step.indices, self.j, self.n) for step in plan)
+
+    def close(self) -> None:
+        self.dataset.close()
 
     @staticmethod
     def opening(event: Event) -> Any:
@@ -164,9 +182,8 @@ class DataParallelWorker(WorkerSide):
         if self.link.has(self.opening(after)):
             self.link.report.skipped()  # rank 0 has finished this round without this worker
             return
-        index = torch.from_numpy(shard(step.indices, self.j, self.n))
-        train = self.dataset.train
-        self.compute(step, params, train.images[index], train.labels[index], after)
+        images, labels = self.dataset.train.fetch(shard(step.indices, self.j, self.n))
+        self.compute(step, params, images, labels, after)
 
     def straggle(self, iteration: int, started: float) -> None:
         """Add the compute time since `started` and an injected straggler's delay to the report."""

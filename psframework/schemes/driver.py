@@ -20,7 +20,6 @@ import torch
 from psframework.comm.rounds import Detached
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
-from psframework.models import SplitCNN
 from psframework.schemes.checkpoint import restore, save_checkpoint
 from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
 from psframework.settings import Settings
@@ -105,7 +104,7 @@ class Problem:
     """What rank 0 trains on: the dataset and the model."""
 
     dataset: Dataset
-    model: SplitCNN
+    model: torch.nn.Module
 
 
 @dataclass
@@ -120,12 +119,14 @@ class StepResult:
 class ServerSide(ABC):
     """Rank 0's part of a scheme (or the whole of a single-process scheme)."""
 
+    fetches_batches = True  # whether rank 0 loads every global batch (data-parallel servers need labels only)
+
     def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
         self.settings, self.problem, self.link = settings, problem, link
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
 
     @property
-    def model(self) -> SplitCNN:
+    def model(self) -> torch.nn.Module:
         """Return the model rank 0 trains."""
         return self.problem.model
 
@@ -183,6 +184,9 @@ class WorkerSide(ABC):
     def readmitted(self, state: Any) -> None:
         """Take the fresh state rank 0 sent on readmission: nothing by default (stateless workers)."""
 
+    def close(self) -> None:
+        """Release what the worker holds at the end of the run: nothing by default."""
+
 
 def resume(side: ServerSide, checkpoint: Any) -> None:
     """Restore the model and the scheme's state from a checkpoint (None: a fresh run)."""
@@ -211,11 +215,13 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     if opening.forced:
         print(f"psf: warning: resuming from {run.resume} although its settings differ (train.resume_force): "
               f"{'; '.join(opening.forced)}", file=sys.stderr, flush=True)
-    progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {problem.model.name}, dataset "
+    progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {settings.model.name}, dataset "
                      f"{problem.dataset.name} ({num_train} train / {len(problem.dataset.test)} test), "
                      f"iterations {schedule.start + 1}..{schedule.total}")
     final: Dict[str, Any] = {"final_test_accuracy": None, "final_test_loss": None}
     problem.model.train()
+    if side.fetches_batches:
+        problem.dataset.train.prefetch(step.indices for step in steps(settings, num_train, schedule))
     for step in steps(settings, num_train, schedule):
         if side.link is not None:
             side.link.start_iteration(step.iteration, side.readmission_state)
@@ -223,6 +229,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
+    problem.dataset.close()  # stops a streamed dataset's loader processes
     fields = summary_fields(settings, side, schedule, recorder, world_size, final)
     summary = recorder.finish({**fields, "resume_forced": opening.forced} if opening.forced else fields)
     progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
@@ -254,7 +261,7 @@ def after_step(settings: Settings, side: ServerSide, schedule: Schedule, iterati
     extra = f"verify {fields['verify_max_rel_diff']:.1e} " if "verify_max_rel_diff" in fields else ""
     if schedule.evaluates(iteration):
         test = side.problem.dataset.test
-        accuracy, loss = evaluate(side.model, test.images, test.labels, settings.data.test_batch_size)
+        accuracy, loss = evaluate(side.model, test, settings.data.test_batch_size)
         final.update(final_test_accuracy=accuracy, final_test_loss=loss)
         recorder.update_last(test_accuracy=accuracy, test_loss=loss)
         extra += f"test acc {accuracy:.4f}"
@@ -280,7 +287,7 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
                    world_size: int, final: Dict[str, Any]) -> Dict[str, Any]:
     """Return the summary: what every scheme reports, then the scheme's own fields."""
     code = settings.code
-    fields = {"scheme": settings.run.scheme, "name": settings.run.name, "model": side.model.name,
+    fields = {"scheme": settings.run.scheme, "name": settings.run.name, "model": settings.model.name,
               "dataset": side.problem.dataset.name, "world_size": world_size,
               "n": code.n if world_size > 1 else None, "k": code.k if code.kind else None,
               "iterations": schedule.total, "start_iteration": schedule.start, **final,
@@ -314,6 +321,7 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
                 side.readmitted(state)
         event = after
     side.link.stop(schedule.total)
+    side.close()
 
 
 def play(side: WorkerSide, event: Event, after: Event) -> None:

@@ -16,8 +16,6 @@ import torch
 
 from psframework import environment
 from psframework.config import FILE_DATASETS, ConfigError
-from psframework.data import dataset_shape
-from psframework.models import SplitCNN, build_model
 from psframework.settings import Settings
 
 FLOAT_BYTES = 4
@@ -96,46 +94,31 @@ class Footprint:
         return self.params + self.activations
 
 
-def meta_model(settings: Settings) -> SplitCNN:
-    """Build the model's layers on the meta device: shapes without memory."""
-    with torch.device("meta"):
-        return build_model(settings.model, *dataset_shape(settings.data))
-
-
 def footprint(settings: Settings, role: str) -> Footprint:
     """Estimate the memory of a rank in `role` (server or worker; the single process is a server)."""
+    from psframework.schemes.common import meta_model, placement_of
     from psframework.schemes.registry import get_scheme
 
     scheme = get_scheme(settings.run.scheme)
     model = meta_model(settings)
+    placement = placement_of(settings, model)
     batch, n, k = settings.data.batch_size, settings.code.n, settings.code.k
-    conv = [(math.prod(b.conv.weight.shape) + b.spec.out_channels, per_sample(model, i)) for i, b in
-            enumerate(model.conv_blocks)]
-    conv_params = sum(p for p, _ in conv)
-    head_params = sum(p.numel() for p in model.head_parameters())
-    conv_acts = sum(a for _, a in conv)
+    sizes = {key: p.numel() for key, p in model.named_parameters()}
+    coded_params = sum(sizes[key] for key in placement.worker_parameter_names())
+    head_params = sum(sizes[key] for key in placement.head)
+    outputs = [math.prod(c.output_shape) for c in placement.calls]
+    cut = len(outputs) if placement.cut is None else placement.cut
     if role == WORKER and scheme.coded:
-        # Each worker holds a row- and a column-coded packet of every conv layer and its batch's activations.
-        params, acts = 2 * conv_params / k, batch * conv_acts
+        # Each worker holds a row- and a column-coded packet of every coded layer and its inputs and outputs.
+        params = 2 * coded_params / k
+        acts = batch * sum(math.prod(c.input_shape) + 2 * math.prod(c.output_shape) for c in placement.coded)
     elif role == WORKER:
-        shard = -(-batch // n)
-        params = conv_params + (head_params if scheme.worker_part == "model" else 0)
-        acts = shard * conv_acts
+        whole = scheme.worker_part == "model"
+        params = sum(sizes.values()) - (0 if whole else head_params)
+        acts = -(-batch // n) * (math.prod(placement.input_shape) + sum(outputs if whole else outputs[:cut]))
     else:
-        params, acts = conv_params + head_params, batch * conv_acts
+        params, acts = sum(sizes.values()), batch * (math.prod(placement.input_shape) + sum(outputs))
     return Footprint(int(FLOAT_BYTES * PARAM_COPIES * params), int(FLOAT_BYTES * ACTIVATION_COPIES * acts))
-
-
-def per_sample(model: SplitCNN, layer: int) -> int:
-    """Return the activation floats of one sample through conv block `layer` (its input and outputs)."""
-    size = model.input_size
-    channels = model.in_channels
-    for block in list(model.conv_blocks)[:layer]:
-        size = block.spec.output_size(size)
-        channels = block.spec.out_channels
-    spec = model.conv_blocks[layer].spec
-    conv_size = (size + 2 * spec.padding - spec.kernel_size) // spec.stride + 1
-    return channels * size * size + 2 * spec.out_channels * conv_size * conv_size
 
 
 def available_memory() -> Optional[int]:

@@ -60,7 +60,7 @@ class PSWorker(DataParallelWorker):
         self.link.reply(vector, Msg.grads(step.iteration))
 
 
-def expected_server_bytes(settings: Settings, model: Any) -> Tuple[int, int]:
+def expected_server_bytes(settings: Settings, model: Any, placement: Any) -> Tuple[int, int]:
     """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
 
     Sent: all parameters to each of the n workers. Received: each worker's gradients, BatchNorm

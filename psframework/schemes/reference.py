@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import torch
 import torch.nn.functional as F
 
-from psframework.schemes.common import Step, conv_optimizer, head_optimizer, resolve_device
+from psframework.models import split_parameters
+from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, resolve_device
 from psframework.schemes.driver import Problem, ServerSide, StepResult
 from psframework.settings import Settings
 
@@ -18,15 +18,15 @@ class ReferenceTrainer(ServerSide):
     def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
         super().__init__(settings, problem, link)
         self.device = resolve_device(settings.device)  # build_problem put the model and data there
-        self.optimizers = [conv_optimizer(settings.optim, self.model.conv_parameters()),
-                           head_optimizer(settings.optim, self.model.head_parameters())]
+        trunk, head = split_parameters(self.model, placement_of(settings, self.model))
+        self.optimizers = ([conv_optimizer(settings.optim, trunk)] if trunk else []) + \
+            ([head_optimizer(settings.optim, head)] if head else [])
 
     def step(self, step: Step) -> StepResult:
-        train = self.problem.dataset.train
-        index = torch.from_numpy(step.indices).to(self.device)
+        images, labels = self.problem.dataset.train.fetch(step.indices)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(train.images[index]), train.labels[index])
+        loss = F.cross_entropy(self.model(images), labels)
         loss.backward()
         for opt in self.optimizers:
             opt.step()

@@ -29,17 +29,22 @@ class Scheme:
     server: str  # class of rank 0's side (the whole run, for a single-process scheme)
     worker: Optional[str] = None  # class of ranks 1..n; None: the scheme runs in one process
     code: Optional[str] = None  # erasure code of the conv layers: a kind of psframework.codes.make_code
-    byte_model: Optional[str] = None  # "module:function" (settings, model) -> (sent, received) bytes per iteration
+    byte_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes (sent, received)
     linear_conv_optimizer: bool = False  # workers keep coded weight copies: only a linear step keeps them exact
     k_equals_n: bool = False  # every worker is needed
     backup_workers: bool = False  # rank 0 may go on without the b slowest workers
     shards_batch: bool = False  # each worker computes on its own shard of the global batch
-    worker_part: str = "conv"  # what a data-parallel worker holds of the model: "conv" or the whole "model"
+    worker_part: str = "trunk"  # what a data-parallel worker holds of the model: the "trunk" or the whole "model"
 
     @property
     def mpi(self) -> bool:
         """Return whether the scheme runs under MPI with a server and n workers."""
         return self.worker is not None
+
+    @property
+    def cuts_model(self) -> bool:
+        """Return whether the scheme cuts the model into a trunk on the workers and a head on rank 0."""
+        return self.mpi and not self.coded and self.worker_part == "trunk"
 
     @property
     def coded(self) -> bool:
@@ -51,9 +56,9 @@ class Scheme:
         module, _, name = attribute.rpartition(":")
         return getattr(importlib.import_module(module or self.module), name)
 
-    def expected_server_bytes(self, settings: Any, model: Any) -> Optional[Tuple[int, int]]:
+    def expected_server_bytes(self, settings: Any, model: Any, placement: Any) -> Optional[Tuple[int, int]]:
         """Return the analytic (sent, received) payload bytes of rank 0 per iteration, or None without a model."""
-        return None if self.byte_model is None else self.load(self.byte_model)(settings, model)
+        return None if self.byte_model is None else self.load(self.byte_model)(settings, model, placement)
 
     def world_size(self, n: int) -> int:
         """Return how many MPI processes the scheme needs for n workers."""

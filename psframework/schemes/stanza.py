@@ -17,13 +17,16 @@ from typing import Any, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
+from psframework.models import Placement, split_parameters
+from psframework.models.cut import cut_model
 from psframework.schemes.common import Step
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
-from psframework.schemes.driver import Event
+from psframework.schemes.driver import Event, Problem
 from psframework.settings import Settings
 
 
@@ -46,17 +49,25 @@ def feature_grads_envelope(iteration: int) -> Any:
 class StanzaServer(DataParallelServer):
     """Rank 0 of `stanza`: hosts the FC head and is the conv stack's parameter server."""
 
+    def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
+        super().__init__(settings, problem, link)
+        self.cut = cut_model(self.model, self.placement, settings.model.name)
+        self.conv_opt, self.head_opt = self.optimizers
+
+    def worker_part(self) -> nn.Module:
+        return self.cut.trunk
+
     def round(self, step: Step) -> RoundResult:
-        it, conv = step.iteration, self.model.conv_parameters()
+        it, conv = step.iteration, self.trunk
         t0 = time.perf_counter()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
         forward_s = time.perf_counter() - t0
         shards = self.shards(step)
         result = self.result(step, arrived)
-        labels = self.problem.dataset.train.labels[torch.from_numpy(step.indices)]
+        labels = self.problem.dataset.train.labels_of(step.indices)
         x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
         self.head_opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model.head(x), torch.cat([labels[shards[j]] for j in result.used]))
+        loss = F.cross_entropy(self.cut.head(x), torch.cat([labels[shards[j]] for j in result.used]))
         loss.backward()
         self.head_opt.step()
         ranks = [self.link.workers[j] for j in result.used]
@@ -77,27 +88,30 @@ class StanzaServer(DataParallelServer):
 
     def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
         """Return what a worker would send for its shard: conv gradients and running statistics."""
-        conv = self.model.conv_parameters()
-        for p in conv:
+        for p in self.trunk:
             p.grad = None
-        images = self.problem.dataset.train.images[torch.from_numpy(indices)]
-        self.model.features(images).backward(feature_grads)
-        return torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.model))])
+        images = self.problem.dataset.train.fetch(indices)[0]
+        self.cut.trunk(images).backward(feature_grads)
+        return torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk))])
 
 
 class StanzaWorker(DataParallelWorker):
     """Worker j of `stanza`: the conv stack on its shard; sends features, receives their gradient."""
 
+    def __init__(self, settings: Settings, link: Any) -> None:
+        super().__init__(settings, link)
+        self.cut = cut_model(self.model, self.placement, settings.model.name)
+        self.trunk = split_parameters(self.model, self.placement)[0]
+
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
-        it = step.iteration
-        conv = self.model.conv_parameters()
+        it, conv = step.iteration, self.trunk
         assign(conv, params)
         t0 = time.perf_counter()
         for p in conv:
             p.grad = None
         with self.link.busy():
-            features = self.model.features(images)
+            features = self.cut.trunk(images)
         self.straggle(it, t0)
         self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next round or stop).
@@ -108,19 +122,20 @@ class StanzaWorker(DataParallelWorker):
         t0 = time.perf_counter()
         with self.link.busy():
             features.backward(grad)
-        vector = torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.model))])
+        vector = torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.cut.trunk))])
         self.straggle(it, t0)
         self.link.reply(vector, Msg.grads(it))
 
 
-def expected_server_bytes(settings: Settings, model: Any) -> Tuple[int, int]:
+def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement) -> Tuple[int, int]:
     """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
 
-    Sent: the conv parameters to each of the n workers and the feature gradients of the batch.
-    Received: the features of the batch and each worker's conv gradients and running statistics.
+    Sent: the trunk's parameters to each of the n workers and the feature gradients of the batch.
+    Received: the features of the batch and each worker's trunk gradients and running statistics.
     """
     n, batch = settings.code.n, settings.data.batch_size
-    conv = sum(p.numel() for p in model.conv_parameters())
-    features = batch * math.prod(model.feature_shape)
-    stats = sum(s.numel() for s in running_stats(model))
+    cut = cut_model(model, placement, settings.model.name)
+    conv = sum(p.numel() for p in split_parameters(model, placement)[0])
+    features = batch * math.prod(cut.feature_shape)
+    stats = sum(s.numel() for s in running_stats(cut.trunk))
     return 4 * (n * conv + features), 4 * (features + n * (conv + stats))

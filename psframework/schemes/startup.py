@@ -16,8 +16,9 @@ from psframework.config import ConfigError
 from psframework.data import DatasetError
 from psframework.rundir import RunDirectory, open_run_directory
 from psframework.schemes.checkpoint import Checkpoint, differences, fingerprint, read_checkpoint
+from psframework.schemes.common import meta_model
 from psframework.schemes.preflight import (SERVER, WORKER, check_cuda_aware, check_device, check_machine,
-                                           check_memory, meta_model)
+                                           check_memory)
 from psframework.settings import Settings
 
 EXIT_USAGE = 2

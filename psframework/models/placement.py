@@ -1,0 +1,297 @@
+"""Where each part of any model runs: coded convolutions on the workers, the rest on rank 0, the Stanza cut.
+
+Placement is found by running the model twice on torch's meta device (shapes only, no memory, the
+model's own tensors untouched): once to see which leaf modules run in which order, once with every
+codable Conv2d replaced by a remote convolution to see the order in which autograd runs their
+backward passes. Rank 0 and the workers derive the same placement from the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from psframework.config import ConfigError
+
+Pair = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """What the coded layer identities need of a Conv2d: channels, kernel, stride, padding, dilation, bias."""
+
+    in_channels: int
+    out_channels: int
+    kernel: Pair
+    stride: Pair
+    padding: Pair
+    dilation: Pair
+    bias: bool
+
+    @property
+    def weight_shape(self) -> Tuple[int, int, int, int]:
+        """Return the shape of the uncoded weight."""
+        return (self.out_channels, self.in_channels, *self.kernel)
+
+
+@dataclass(frozen=True)
+class CodedConv:
+    """One coded convolution: its place in the forward pass, geometry and per-sample shapes."""
+
+    index: int
+    name: str
+    geometry: ConvGeometry
+    input_shape: Tuple[int, ...]
+    output_shape: Tuple[int, ...]
+    needs_input_grad: bool  # the layer's input depends on parameters: rank 0 needs its gradient
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """One leaf-module call of the forward pass: what ran, its output per sample and its own parameters."""
+
+    name: str
+    kind: str
+    output_shape: Tuple[int, ...]
+    params: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The placement of one model for one input shape."""
+
+    input_shape: Tuple[int, ...]
+    output_shape: Tuple[int, ...]
+    coded: Tuple[CodedConv, ...]  # in forward order
+    backward_order: Tuple[int, ...]  # coded indices in the order autograd runs their backward
+    calls: Tuple[LayerCall, ...]
+    on_server: Dict[str, str]  # Conv2d name -> why it is not coded
+    cut: Optional[int]  # index in `calls` of the first head layer (None: no head)
+    head: FrozenSet[str]  # names of the head's parameters
+
+    @property
+    def coded_names(self) -> Tuple[str, ...]:
+        """Return the module names of the coded convolutions, in forward order."""
+        return tuple(c.name for c in self.coded)
+
+    def worker_parameter_names(self) -> FrozenSet[str]:
+        """Return the names of the parameters coded layers hold (weights and biases)."""
+        names = [f"{c.name}.weight" for c in self.coded] + [f"{c.name}.bias" for c in self.coded if c.geometry.bias]
+        return frozenset(names)
+
+
+def geometry_of(conv: nn.Conv2d, input_shape: Sequence[int]) -> ConvGeometry:
+    """Return the geometry of a Conv2d whose padding may be given as 'same' or 'valid'."""
+    kernel, dilation = tuple(conv.kernel_size), tuple(conv.dilation)
+    padding = conv.padding
+    if isinstance(padding, str):
+        padding = tuple(0 if padding == "valid" else d * (k - 1) // 2 for k, d in zip(kernel, dilation))
+    return ConvGeometry(conv.in_channels, conv.out_channels, kernel, tuple(conv.stride), tuple(padding), dilation,
+                        conv.bias is not None)
+
+
+def uncodable(conv: nn.Module) -> Optional[str]:
+    """Return why a Conv2d cannot be coded by output-channel blocks, or None when it can."""
+    if type(conv).forward is not nn.Conv2d.forward:
+        return f"{type(conv).__name__} has its own forward"
+    if conv.groups != 1:
+        return f"grouped convolution (groups={conv.groups}): output-channel blocks need different inputs"
+    if conv.padding_mode != "zeros":
+        return f"padding_mode={conv.padding_mode!r}: only zero padding is coded"
+    if conv.padding == "same" and any(d * (k - 1) % 2 for k, d in zip(conv.kernel_size, conv.dilation)):
+        return "padding='same' with an even kernel pads unevenly"
+    return None
+
+
+class Session(Protocol):
+    """What remote convolutions call: rank 0's exchange with the workers (or the placement's tracer)."""
+
+    def forward(self, index: int, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+        """Return the convolution's output for input `x`."""
+
+    def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
+        """Take the output gradient; return the input gradient when wanted."""
+
+
+class RemoteConv(torch.autograd.Function):
+    """A convolution computed elsewhere: forward and backward go through a session.
+
+    The weight is an input only so that autograd runs every layer's backward (the workers update their
+    coded weights there), also where the layer's input needs no gradient; its gradient is the session's
+    business.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, session: Session, index: int,
+                conv: nn.Conv2d) -> torch.Tensor:
+        ctx.session, ctx.index = session, index
+        return session.forward(index, conv, x)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None, None]:
+        return ctx.session.backward(ctx.index, dy.contiguous(), ctx.needs_input_grad[0]), None, None, None, None
+
+
+@contextlib.contextmanager
+def remote_convs(model: nn.Module, names: Sequence[str], session: Session) -> Iterator[None]:
+    """Run the named Conv2d modules of `model` through `session` while inside the block."""
+    modules = dict(model.named_modules())
+    swapped = []
+    try:
+        for index, name in enumerate(names):
+            conv = modules[name]
+            conv.forward = _remote_forward(conv, session, index)
+            swapped.append(conv)
+        yield
+    finally:
+        for conv in swapped:
+            del conv.forward
+
+
+def _remote_forward(conv: nn.Conv2d, session: Session, index: int) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return RemoteConv.apply(x, conv.weight, session, index, conv)
+    return forward
+
+
+class _Tracer:
+    """A session that computes convolutions locally and records the order of their backward passes."""
+
+    def __init__(self) -> None:
+        self.inputs: Dict[int, Tuple[Tuple[int, ...], bool]] = {}
+        self.backward_order: List[int] = []
+
+    def forward(self, index: int, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+        self.inputs[index] = (tuple(x.shape[1:]), x.requires_grad)
+        return conv._conv_forward(x, conv.weight.detach(), None if conv.bias is None else conv.bias.detach())
+
+    def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
+        self.backward_order.append(index)
+        if not want_input_grad:
+            return None
+        return torch.zeros((dy.shape[0], *self.inputs[index][0]), dtype=dy.dtype, device=dy.device)
+
+
+def place(model: nn.Module, input_shape: Sequence[int], split_at: Optional[str] = None,
+          name: str = "model") -> Placement:
+    """Return where every part of `model` runs for inputs of `input_shape` (C, H, W); ConfigError otherwise."""
+    input_shape = tuple(input_shape)
+    calls, counts, out_shape = _leaf_calls(model, input_shape, name)
+    modules = dict(model.named_modules())
+    on_server: Dict[str, str] = {}
+    coded_names = []
+    for call in calls:
+        module = modules[call.name]
+        if not isinstance(module, nn.Conv2d) or call.name in coded_names or call.name in on_server:
+            continue
+        reason = uncodable(module) or (f"called {counts[call.name]} times per forward pass"
+                                       if counts[call.name] > 1 else None)
+        if reason:
+            on_server[call.name] = reason
+        else:
+            coded_names.append(call.name)
+    tracer = _Tracer()
+    _run(model, input_shape, name, lambda: remote_convs(model, coded_names, tracer))
+    coded = tuple(CodedConv(i, n, geometry_of(modules[n], tracer.inputs[i][0]), tracer.inputs[i][0],
+                            _output_of(calls, n), tracer.inputs[i][1]) for i, n in enumerate(coded_names))
+    cut = _cut(model, calls, split_at, name)
+    return Placement(input_shape, out_shape, coded, tuple(tracer.backward_order), tuple(calls), on_server, cut,
+                     _head_parameters(model, calls, cut))
+
+
+def _output_of(calls: Sequence[LayerCall], name: str) -> Tuple[int, ...]:
+    return next(c.output_shape for c in calls if c.name == name)
+
+
+def _leaf_calls(model: nn.Module, input_shape: Tuple[int, ...], name: str) -> Tuple[List[LayerCall], Dict[str, int],
+                                                                                    Tuple[int, ...]]:
+    """Run the model once, recording every leaf-module call in order; return them, call counts and the output shape."""
+    calls: List[LayerCall] = []
+    counts: Dict[str, int] = {}
+
+    def hook(module_name: str) -> Any:
+        def record(module: nn.Module, inputs: Any, output: Any) -> None:
+            counts[module_name] = counts.get(module_name, 0) + 1
+            first = output[0] if isinstance(output, (tuple, list)) else output
+            shape = tuple(first.shape[1:]) if isinstance(first, torch.Tensor) else ()
+            calls.append(LayerCall(module_name, type(module).__name__, shape,
+                                   sum(p.numel() for p in module.parameters(recurse=False))))
+        return record
+
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    leaves = [(n, m) for n, m in model.named_modules()
+              if n and not any(True for _ in m.children()) and not isinstance(m, containers)]
+    handles = [m.register_forward_hook(hook(n)) for n, m in leaves]
+    try:
+        out = _run(model, input_shape, name, contextlib.nullcontext)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, counts, tuple(out.shape[1:])
+
+
+def _run(model: nn.Module, input_shape: Tuple[int, ...], name: str, context: Any) -> torch.Tensor:
+    """Run forward and backward on a batch of two inputs on the meta device (the CPU where meta cannot)."""
+    from torch.func import functional_call
+
+    last: Optional[BaseException] = None
+    for device in ("meta", "cpu"):
+        tensors = {key: torch.zeros_like(t, device=device).requires_grad_(t.requires_grad)
+                   for key, t in model.named_parameters()}
+        tensors.update({key: torch.zeros_like(t, device=device) for key, t in model.named_buffers()})
+        try:
+            with context():
+                out = functional_call(model, tensors, (torch.zeros(2, *input_shape, device=device),))
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    out.float().sum().backward()
+            if not isinstance(out, torch.Tensor):
+                raise ConfigError(f"model.name: model {name} returns a {type(out).__name__}, expected a tensor of "
+                                  "class scores")
+            return out
+        except ConfigError:
+            raise
+        except (NotImplementedError, RuntimeError) as exc:
+            last = exc  # an operation without a meta kernel: try real (zero) tensors
+        except Exception as exc:
+            last = exc
+            break
+    text = str(last).strip().splitlines()[0] if str(last).strip() else ""
+    raise ConfigError(f"model {name}: fails on a batch of {'x'.join(map(str, input_shape))} inputs: "
+                      f"{type(last).__name__}: {text}")
+
+
+def _cut(model: nn.Module, calls: Sequence[LayerCall], split_at: Optional[str], name: str) -> Optional[int]:
+    """Return the index of the first head call: `split_at`'s first call, or the first Linear after the last Conv2d."""
+    if split_at is not None:
+        modules = dict(model.named_modules())
+        if split_at not in modules or split_at == "":
+            raise ConfigError(f"model.split_at: got {split_at!r}, model {name} has no module of that name "
+                              f"(top-level modules: {', '.join(n for n, _ in model.named_children())})")
+        for i, call in enumerate(calls):
+            if call.name == split_at or call.name.startswith(split_at + "."):
+                return i
+        raise ConfigError(f"model.split_at: module {split_at!r} of model {name} is never called in its forward pass")
+    last_conv = max((i for i, c in enumerate(calls) if c.kind == "Conv2d"), default=-1)
+    return next((i for i, c in enumerate(calls) if i > last_conv and c.kind == "Linear"), None)
+
+
+def _head_parameters(model: nn.Module, calls: Sequence[LayerCall], cut: Optional[int]) -> FrozenSet[str]:
+    """Return the names of the parameters of leaf modules that run only at or after the cut."""
+    if cut is None:
+        return frozenset()
+    before = {c.name for c in calls[:cut]}
+    head_modules = {c.name for c in calls[cut:]} - before
+    return frozenset(f"{m}.{p}" for m in head_modules
+                     for p, _ in dict(model.named_modules())[m].named_parameters(recurse=False))
+
+
+def split_parameters(model: nn.Module, placement: Placement) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:
+    """Return (trunk, head) parameters in the model's own order: the head is what runs after the cut."""
+    trunk, head = [], []
+    for key, p in model.named_parameters():
+        (head if key in placement.head else trunk).append(p)
+    return trunk, head
