@@ -84,7 +84,7 @@ class Placement:
         return frozenset(names)
 
 
-def geometry_of(conv: nn.Conv2d, input_shape: Sequence[int]) -> ConvGeometry:
+def geometry_of(conv: nn.Conv2d) -> ConvGeometry:
     """Return the geometry of a Conv2d whose padding may be given as 'same' or 'valid'."""
     kernel, dilation = tuple(conv.kernel_size), tuple(conv.dilation)
     padding = conv.padding
@@ -196,7 +196,7 @@ def place(model: nn.Module, input_shape: Sequence[int], split_at: Optional[str] 
             coded_names.append(call.name)
     tracer = _Tracer()
     _run(model, input_shape, name, lambda: remote_convs(model, coded_names, tracer))
-    coded = tuple(CodedConv(i, n, geometry_of(modules[n], tracer.inputs[i][0]), tracer.inputs[i][0],
+    coded = tuple(CodedConv(i, n, geometry_of(modules[n]), tracer.inputs[i][0],
                             _output_of(calls, n), tracer.inputs[i][1]) for i, n in enumerate(coded_names))
     cut = _cut(model, calls, split_at, name)
     return Placement(input_shape, out_shape, coded, tuple(tracer.backward_order), tuple(calls), on_server, cut,
