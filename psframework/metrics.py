@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from psframework.fileio import atomic_write_json, atomic_write_text
 
@@ -117,16 +117,24 @@ class Progress:
         self.mode = mode
         self.start = time.perf_counter()
         self._last_line = 0.0
+        self._first: Optional[Tuple[int, float]] = None  # the first iteration reported and when
+
+    def rate(self, iteration: int, now: float) -> Optional[float]:
+        """Return iterations per second since the first one reported (its warm-up left out), None before."""
+        if self._first is None:
+            self._first = (iteration, now)
+        done, span = iteration - self._first[0], now - self._first[1]
+        return done / span if done > 0 and span > 0 else None
 
     def update(self, iteration: int, epoch: int, loss: float, extra: str = "") -> None:
         """Report that `iteration` (1-based) is done."""
         if self.mode == "off":
             return
-        elapsed = time.perf_counter() - self.start
-        rate = iteration / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - iteration) / rate if rate > 0 else 0.0
-        text = (f"epoch {epoch} it {iteration}/{self.total} loss {loss:.4f} "
-                f"{rate:.1f} it/s eta {eta:.0f}s{(' ' + extra) if extra else ''}")
+        now = time.perf_counter()
+        elapsed = now - self.start
+        rate = self.rate(iteration, now)
+        speed = "warming up" if rate is None else f"{rate:.1f} it/s eta {(self.total - iteration) / rate:.0f}s"
+        text = f"epoch {epoch} it {iteration}/{self.total} loss {loss:.4f} {speed}{(' ' + extra) if extra else ''}"
         if self.mode == "bar":
             width = 24
             filled = int(width * iteration / max(self.total, 1))
