@@ -7,13 +7,12 @@ import importlib
 import os
 import sys
 import typing
-from dataclasses import replace
-from typing import Any, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.config import ConfigError, dump_config, load_config
 from psframework.data import DatasetError
-from psframework.settings import code_settings, make_settings
+from psframework.settings import make_settings
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -120,42 +119,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_model_info(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.overrides)
-        lines = model_info(cfg)
+        from psframework.schemes.model_info import model_info
+
+        lines = model_info(load_config(args.config, args.overrides))
     except ConfigError as exc:
         return _fail(str(exc))
     print("\n".join(lines))
     return 0
-
-
-def model_info(cfg: Any) -> List[str]:
-    """Return the lines of `psf model-info`: coded layers, rank 0's layers, the Stanza cut, each side's sizes."""
-    from psframework.models.cut import cut_model
-    from psframework.models.info import coded_rows, server_layers, sides
-    from psframework.schemes.coded_parts import code_of
-    from psframework.schemes.common import input_shape, meta_model, placement_of
-
-    model = meta_model(cfg)
-    placement = placement_of(cfg, model)
-    settings = code_settings(cfg)
-    code = code_of(settings if settings.kind else replace(settings, kind="shift-add"))
-    k, size = settings.k, settings.symbol_size
-    shape = "x".join(map(str, input_shape(cfg)))
-    lines = [f"model {cfg.model.name}: input {shape}, {placement.output_shape[0]} classes; "
-             f"coded with {code!r}, {size} channel(s) per symbol",
-             f"coded convolutions (on the workers in sazd, sazd-naive, poly, uncoded): {len(placement.coded)}"]
-    lines += coded_rows(placement, k, size, lambda symbols: code.packet_length(symbols, 1))
-    lines.append(f"on rank 0: {server_layers(placement)}")
-    for name, why in placement.on_server.items():
-        lines.append(f"  convolution {name} runs on rank 0: {why}")
-    try:
-        features = cut_model(model, placement, cfg.model.name).feature_shape
-        lines.append(f"stanza cut: before {placement.calls[placement.cut].name!r} "
-                     f"(model.split_at={cfg.model.split_at or 'default'})")
-    except ConfigError as exc:
-        features = None
-        lines.append(f"stanza cut: none ({exc})")
-    return lines + sides(model, placement, k, features)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from psframework.config import ConfigError
 from psframework.data.base import Dataset, DatasetError, TensorPair, resize
-from psframework.data.stream import Samples, StreamedSplit, check_labels
+from psframework.data.stream import Samples, StreamedSplit, check_labels, label_array
 from psframework.imports import call_factory, load_factory
 
 KEY = "data.dataset"
@@ -77,11 +77,6 @@ def _images(images: Any, where: str) -> torch.Tensor:
     return tensor.unsqueeze(1) if tensor.dim() == 3 else tensor
 
 
-def _label_array(labels: Any) -> np.ndarray:
-    """Return in-memory labels as a NumPy array."""
-    return labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
-
-
 def _classes_from_labels(labels: np.ndarray) -> int:
     """Return max+1 of integer labels (at least 1; bad labels are reported by the range check after)."""
     if labels.dtype.kind not in "iuf" or labels.size == 0 or not np.isfinite(labels).all():
@@ -97,7 +92,7 @@ def num_classes_of(train: Any, classes: Optional[int], path: str) -> int:
     if names is not None and hasattr(names, "__len__"):
         return len(names)
     if not is_streamed(train, path, "train"):
-        return _classes_from_labels(_label_array(train[1]))
+        return _classes_from_labels(label_array(train[1]))
     raise ConfigError(f"{KEY}: {path} returned a train Dataset without a .classes attribute, expected the factory "
                       f"to return (train, test, num_classes)")
 
@@ -105,7 +100,7 @@ def num_classes_of(train: Any, classes: Optional[int], path: str) -> int:
 def memory_split(pair: Any, classes: int, where: str, input_size: Optional[int]) -> TensorPair:
     """Return an (images, labels) pair as checked float32 images and int64 labels, resized to input_size."""
     images = _images(pair[0], where)
-    labels = _label_array(pair[1])
+    labels = label_array(pair[1])
     if labels.ndim != 1 or len(labels) != images.shape[0]:
         raise DatasetError(f"{where}: {images.shape[0]} images but labels of shape {labels.shape}; "
                            f"expected one label per image")

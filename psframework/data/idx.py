@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from psframework.data.base import DatasetError
+from psframework.data.stream import label_values_problem
 
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
@@ -78,19 +79,9 @@ def check_pixels(path: str, images: np.ndarray) -> None:
 
 def check_labels(path: str, labels: np.ndarray) -> np.ndarray:
     """Return the labels as integers; reject non-integral values and values outside 0..9."""
-    expected = "expected integer labels 0..9"
-    if labels.dtype.kind == "f":
-        # A label must be finite and a whole number (1.0 is fine, 1.7 and NaN are not).
-        bad = ~np.isfinite(labels) | (labels != np.round(labels))
-        if bad.any():
-            index = int(np.argmax(bad))
-            raise DatasetError(f"corrupt file {path}: {int(bad.sum())} non-integer labels (first {labels[index]!s} "
-                               f"at index {index}); {expected}")
-    bad = (labels < 0) | (labels > 9)
-    if bad.any():
-        index = int(np.argmax(bad))
-        raise DatasetError(f"corrupt file {path}: {int(bad.sum())} labels outside 0..9 (first {labels[index]!s} "
-                           f"at index {index}); {expected}")
+    problem = label_values_problem(labels, 10)
+    if problem:
+        raise DatasetError(f"corrupt file {path}: {problem}; expected integer labels 0..9")
     return labels.astype(np.int64) if labels.dtype.kind == "f" else labels
 
 

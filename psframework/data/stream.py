@@ -312,9 +312,14 @@ class StreamedSplit:
         return self._targets
 
 
+def label_array(labels: Any) -> np.ndarray:
+    """Return labels (a tensor, an array or a list) as a NumPy array."""
+    return labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+
+
 def check_labels(labels: Any, num_classes: int, count: int, what: str) -> torch.Tensor:
     """Return labels as int64 after checking they are `count` integers 0..num_classes-1; `what` names them."""
-    array = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    array = label_array(labels)
     problem = labels_problem(array, num_classes, count)
     if problem:
         raise DatasetError(f"{what} {problem}; expected {count} integer labels 0..{num_classes - 1}")
@@ -327,13 +332,19 @@ def labels_problem(array: np.ndarray, num_classes: int, count: int) -> str:
         return f"are {array.dtype} of shape {array.shape}"
     if len(array) != count:
         return f"are {len(array)} labels for {count} samples"
+    problem = label_values_problem(array, num_classes)
+    return f"hold {problem}" if problem else ""
+
+
+def label_values_problem(array: np.ndarray, num_classes: int) -> str:
+    """Return which labels are not whole numbers 0..num_classes-1 (1.0 is one, 1.7 and NaN are not), or ''."""
     if array.dtype.kind == "f":
         bad = ~np.isfinite(array) | (array != np.round(array))
         if bad.any():
             first = int(np.argmax(bad))
-            return f"hold {int(bad.sum())} non-integer labels (first {array[first]} at index {first})"
+            return f"{int(bad.sum())} non-integer labels (first {array[first]!s} at index {first})"
     bad = (array < 0) | (array >= num_classes)
     if bad.any():
         first = int(np.argmax(bad))
-        return f"hold {int(bad.sum())} labels outside 0..{num_classes - 1} (first {array[first]} at index {first})"
+        return f"{int(bad.sum())} labels outside 0..{num_classes - 1} (first {array[first]!s} at index {first})"
     return ""

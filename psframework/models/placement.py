@@ -285,8 +285,8 @@ def _head_parameters(model: nn.Module, calls: Sequence[LayerCall], cut: Optional
         return frozenset()
     before = {c.name for c in calls[:cut]}
     head_modules = {c.name for c in calls[cut:]} - before
-    return frozenset(f"{m}.{p}" for m in head_modules
-                     for p, _ in dict(model.named_modules())[m].named_parameters(recurse=False))
+    modules = dict(model.named_modules())
+    return frozenset(f"{m}.{p}" for m in head_modules for p, _ in modules[m].named_parameters(recurse=False))
 
 
 def split_parameters(model: nn.Module, placement: Placement) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Tuple
 
-import torch
 from torch import nn
 
 from psframework.config import ConfigError
@@ -133,26 +132,3 @@ def build_model(model_cfg, in_channels: int, classes: int) -> nn.Module:
     except ValueError as exc:
         raise ConfigError(f"model {model_cfg.name}: {exc}" if not str(exc).startswith("model.") else str(exc)) \
             from None
-
-
-def check_output(model: nn.Module, name: str, input_shape: Tuple[int, ...], classes: int) -> None:
-    """Raise ConfigError unless the model maps a batch of `input_shape` images to (batch, classes) logits."""
-    out = trial_forward(model, name, input_shape)
-    if tuple(out.shape) != (2, classes):
-        raise ConfigError(f"model.name: model {name} returns shape {tuple(out.shape)} for a batch of 2 images "
-                          f"{'x'.join(map(str, input_shape))}, expected (2, {classes}) class scores")
-
-
-def trial_forward(model: nn.Module, name: str, input_shape: Tuple[int, ...]) -> torch.Tensor:
-    """Run the model on a batch of two images on the meta device (shapes only, no memory, no state change)."""
-    from torch.func import functional_call
-
-    tensors = {key: torch.empty_like(t, device="meta") for key, t in
-               list(model.named_parameters()) + list(model.named_buffers())}
-    try:
-        with torch.no_grad():
-            return functional_call(model, tensors, (torch.empty(2, *input_shape, device="meta"),))
-    except Exception as exc:  # the model's own error, in one line
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"model {name}: fails on a batch of {'x'.join(map(str, input_shape))} images: "
-                          f"{type(exc).__name__}: {message}") from None

@@ -48,8 +48,9 @@ def build_problem(settings: Settings) -> Tuple[Dataset, nn.Module]:
 
 def meta_model(settings: Any) -> nn.Module:
     """Build the model on torch's meta device: its structure and shapes without memory or data."""
+    shape = dataset_shape(settings.data)  # a dataset factory is called outside the meta device
     with torch.device("meta"):
-        return build_model(settings.model, *dataset_shape(settings.data))
+        return build_model(settings.model, *shape)
 
 
 def placement_of(settings: Any, model: Optional[nn.Module] = None) -> Placement:

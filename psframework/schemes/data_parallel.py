@@ -155,7 +155,6 @@ class DataParallelWorker(WorkerSide):
         super().__init__(settings, link)
         self.dataset, self.model = build_problem(settings)  # rank 0's parameters overwrite the model
         self.model.train()
-        self.placement = placement_of(settings, self.model)
         self.j, self.n = link.index, len(link.workers)
         self.stragglers = Stragglers(settings.stragglers, link.workers)
 

@@ -23,7 +23,7 @@ from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
 from psframework.models.cut import cut_model
-from psframework.schemes.common import Step
+from psframework.schemes.common import Step, placement_of
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
 from psframework.schemes.driver import Event, Problem
@@ -100,8 +100,9 @@ class StanzaWorker(DataParallelWorker):
 
     def __init__(self, settings: Settings, link: Any) -> None:
         super().__init__(settings, link)
-        self.cut = cut_model(self.model, self.placement, settings.model.name)
-        self.trunk = split_parameters(self.model, self.placement)[0]
+        placement = placement_of(settings, self.model)
+        self.cut = cut_model(self.model, placement, settings.model.name)
+        self.trunk = split_parameters(self.model, placement)[0]
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:

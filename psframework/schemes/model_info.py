@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import List, Optional
+from dataclasses import replace
+from typing import Any, List, Optional
 
 from torch import nn
 
+from psframework.config import ConfigError
+
+from psframework.models.cut import cut_model
 from psframework.models.placement import Placement
+from psframework.schemes.preflight import gib
 
 FLOAT_BYTES = 4
 
 
 def _shape(shape) -> str:
     return "x".join(map(str, shape))
-
-
-def _size(count: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{int(count)} B"
 
 
 def coded_rows(placement: Placement, k: int, symbol_size: int, packet_length) -> List[str]:
@@ -63,10 +61,39 @@ def sides(model: nn.Module, placement: Placement, k: int, cut_features: Optional
              f"head {head:,} ({100 * head / max(total, 1):.1f}%)",
              f"coded schemes: each worker holds {2 * coded / k:,.0f} coded values (row and column copies, 1/k each); "
              f"rank 0 trains {total - coded:,} parameters; per sample, each coded layer's input and output cross "
-             f"rank 0's link: {_size(FLOAT_BYTES * coded_acts)}",
-             f"activations per sample: trunk {_size(FLOAT_BYTES * sum(outputs[:cut]))}, "
-             f"head {_size(FLOAT_BYTES * sum(outputs[cut:]))}"]
+             f"rank 0's link: {gib(FLOAT_BYTES * coded_acts)}",
+             f"activations per sample: trunk {gib(FLOAT_BYTES * sum(outputs[:cut]))}, "
+             f"head {gib(FLOAT_BYTES * sum(outputs[cut:]))}"]
     if cut_features is not None:
         lines.append(f"stanza: workers run the trunk ({total - head:,} parameters), rank 0 the head ({head:,}); "
-                     f"features {_shape(cut_features)} per sample ({_size(FLOAT_BYTES * math.prod(cut_features))})")
+                     f"features {_shape(cut_features)} per sample ({gib(FLOAT_BYTES * math.prod(cut_features))})")
     return lines
+
+
+def model_info(cfg: Any) -> List[str]:
+    """Return the lines of `psf model-info`: coded layers, rank 0's layers, the Stanza cut, each side's sizes."""
+    from psframework.schemes.coded_parts import code_of
+    from psframework.schemes.common import input_shape, meta_model, placement_of
+    from psframework.settings import code_settings
+
+    model = meta_model(cfg)
+    placement = placement_of(cfg, model)
+    settings = code_settings(cfg)
+    code = code_of(settings if settings.kind else replace(settings, kind="shift-add"))
+    k, size = settings.k, settings.symbol_size
+    shape = "x".join(map(str, input_shape(cfg)))
+    lines = [f"model {cfg.model.name}: input {shape}, {placement.output_shape[0]} classes; "
+             f"coded with {code!r}, {size} channel(s) per symbol",
+             f"coded convolutions (on the workers in sazd, sazd-naive, poly, uncoded): {len(placement.coded)}"]
+    lines += coded_rows(placement, k, size, lambda symbols: code.packet_length(symbols, 1))
+    lines.append(f"on rank 0: {server_layers(placement)}")
+    for name, why in placement.on_server.items():
+        lines.append(f"  convolution {name} runs on rank 0: {why}")
+    try:
+        features = cut_model(model, placement, cfg.model.name).feature_shape
+        lines.append(f"stanza cut: before {placement.calls[placement.cut].name!r} "
+                     f"(model.split_at={cfg.model.split_at or 'default'})")
+    except ConfigError as exc:
+        features = None
+        lines.append(f"stanza cut: none ({exc})")
+    return lines + sides(model, placement, k, features)
