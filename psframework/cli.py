@@ -1,4 +1,4 @@
-"""Command line: psf train | check | model-info | bench | doctor."""
+"""Command line: psf train | check | model-info | bench | doctor | sweep | report."""
 
 from __future__ import annotations
 
@@ -139,6 +139,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return int(doctor.main(args.rest) or 0)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from psframework import report
+
+    return int(report.main(args.rest) or 0)
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line, like every other psf error."""
 
@@ -178,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="print the MPI, thread, GPU and binding set-up")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("report", help="write a Markdown report with plots and a CSV of runs and sweeps",
+                       description="write a Markdown report with plots and a CSV of runs and sweeps "
+                       "(see psf report --help)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="RUN_OR_SWEEP_DIR... --out DIR")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
