@@ -7,12 +7,15 @@ import importlib
 import os
 import sys
 import typing
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.config import ConfigError, dump_config, load_config
 from psframework.data import DatasetError
 from psframework.settings import make_settings
+
+if TYPE_CHECKING:
+    from psframework.runtime.preempt import Preempted
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -64,10 +67,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from psframework.comm.errors import TooFewWorkers, WatchdogTimeout
     from psframework.runtime.node import LOSS
+    from psframework.runtime.preempt import Preempted
     from psframework.schemes.startup import RunEnds
 
     try:
         train(settings, comm=comm)
+    except Preempted as exc:
+        return _end_preempted(comm, rank, exc)
     except RunEnds as exc:
         # Every rank agreed to end here: one line from rank 0, then a clean exit everywhere.
         if rank == 0:
@@ -91,6 +97,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def _end_preempted(comm: object, rank: int, stopped: "Preempted") -> int:
+    """Leave MPI after a preemption; rank 0 then says where the run stopped and asks Slurm to requeue it."""
+    from psframework.runtime.preempt import EXIT_PREEMPTED, requeue
+
+    _end_cleanly(comm, EXIT_PREEMPTED)
+    if rank == 0:
+        print(f"psf: {stopped}: checkpoint {stopped.checkpoint}; {requeue(os.environ)}", file=sys.stderr, flush=True)
+    return EXIT_PREEMPTED
 
 
 def last_checkpoint(run_dir: str) -> str:

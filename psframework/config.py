@@ -111,8 +111,9 @@ class TrainConfig:
     eval_every: int = 0
     verify_every: int = 0
     checkpoint_every: int = 0
-    resume: Optional[str] = None
+    resume: Optional[str] = None  # a checkpoint file, or "auto": the newest in the run directory, if any
     resume_force: bool = False
+    preempt_signal: str = "USR2"  # checkpoint and stop at the next iteration on this signal (or SIGTERM); "none"
     backup_workers: int = 0
 
 
@@ -304,6 +305,16 @@ def parse_override(text: str) -> tuple:
 
 # ---------------------------------------------------------------- validation
 
+def _is_signal(name: str) -> bool:
+    """Return whether `name` is "none" or a signal a process can catch."""
+    from psframework.runtime.preempt import signal_number
+
+    try:
+        return name.lower() == "none" or signal_number(name) > 0
+    except ValueError:
+        return False
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -386,6 +397,8 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.verify_every >= 0, f"train.verify_every: got {t.verify_every}, expected >= 0 (0 = never)")
     _require(t.checkpoint_every >= 0,
              f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
+    _require(_is_signal(t.preempt_signal), f"train.preempt_signal: got {t.preempt_signal!r}, expected a signal "
+             "name such as USR2, USR1, INT or HUP (TERM is always caught), or none")
     _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
 
 

@@ -83,13 +83,17 @@ class RunRecorder:
         assert self._pending is not None, "no iteration logged yet"
         self._pending.update(fields)
 
-    def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
-        """Complete metrics.jsonl and write summary.json atomically; return the summary."""
+    def suspend(self) -> None:
+        """Write every row and close, leaving metrics.jsonl.partial for a resume in place to go on from."""
         self._flush_pending()
         assert self._fh is not None, "recorder already closed"
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
+
+    def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
+        """Complete metrics.jsonl and write summary.json atomically; return the summary."""
+        self.suspend()
         os.replace(self._partial_path, self.metrics_path)
         summary = dict(summary)
         summary.setdefault("wall_s", self.elapsed())

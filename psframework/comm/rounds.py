@@ -48,6 +48,8 @@ class Msg:
     readmit = partial(Envelope, Kind.CONTROL, layer=5, phase=Phase.OTHER)  # server -> worker: go on here, fresh state
     snapshot = partial(Envelope, Kind.CONTROL, layer=6, phase=Phase.OTHER)  # server -> worker: your state, please
     snapshot_reply = partial(Envelope, Kind.CONTROL, layer=7, phase=Phase.OTHER)  # worker -> server: its state
+    # server -> worker: the run stops after this iteration (a preemption); a sync and the stop follow
+    stop_early = partial(Envelope, Kind.CONTROL, layer=8, phase=Phase.OTHER)
 
 
 class Detached(Exception):
@@ -55,6 +57,14 @@ class Detached(Exception):
 
     def __init__(self, iteration: int) -> None:
         super().__init__(f"detached at iteration {iteration}")
+        self.iteration = iteration
+
+
+class StopEarly(Exception):
+    """Raised on a worker that the server told to stop after `iteration` (the run was preempted)."""
+
+    def __init__(self, iteration: int) -> None:
+        super().__init__(f"the run stops after iteration {iteration}")
         self.iteration = iteration
 
 
@@ -333,6 +343,12 @@ class ServerRounds:
                 "lost_workers": self.members.lost,
                 "emulation": self.emulation() if self.emulation else None, "workers": reports}
 
+    def stop_early(self, iteration: int) -> None:
+        """Tell every worker that the run stops after `iteration` (they answer a sync, then the stop)."""
+        self.note_failures()
+        for rank in [r for r in self.workers if r not in self.members.lost]:
+            self.transport.isend(rank, np.zeros(1), Msg.stop_early(iteration), urgent=rank in self.members.detached)
+
     def stop_workers(self, total: int) -> Dict[str, Dict[str, float]]:
         """Tell every worker to stop (detached ones too); return their reports {rank: {field: value}}.
 
@@ -420,10 +436,14 @@ class WorkerRounds:
         return self.inbox.wait_any(envelopes, self.timeout_s, partial(self.serve, envelopes[0].iteration))
 
     def serve(self, iteration: int) -> None:
-        """Raise Detached if the server left this worker out; answer snapshot requests up to `iteration`."""
+        """Raise Detached if the server left this worker out, StopEarly if the run stopped before `iteration`;
+        answer snapshot requests up to `iteration`."""
         detached = self.inbox.iterations(Msg.detach(0))
         if detached:
             raise Detached(detached[0])
+        stops = self.inbox.iterations(Msg.stop_early(0))
+        if stops and stops[0] < iteration:
+            raise StopEarly(stops[0])
         for asked in self.inbox.iterations(Msg.snapshot(0)):
             if asked > iteration or self.snapshot is None:
                 break
@@ -432,18 +452,19 @@ class WorkerRounds:
 
     def rejoin(self, detached_at: int, total: int) -> Optional[Tuple[int, Any]]:
         """Drop the stale backlog, ask to rejoin; return (iteration, state) to go on from, or None to stop."""
-        self.inbox.discard(lambda envelope: envelope == Msg.stop(total))
+        ends = (Msg.stop(0).tag, Msg.stop_early(0).tag)  # a preempted run ends at another iteration
+        self.inbox.discard(lambda envelope: envelope.tag in ends)
         if self.peers is not None:
             for peer in range(self.peers.size):
                 self.peers.drop(peer)
         self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
 
         def answered() -> bool:
-            return self.inbox.holds(Msg.stop(total)) or bool(self.inbox.iterations(Msg.readmit(0)))
+            return bool(self.inbox.iterations(Msg.stop(0)) or self.inbox.iterations(Msg.readmit(0)))
 
         if not self.transport.wait_until(answered, self.timeout_s):
             raise WatchdogTimeout([self.server], "the answer to a rejoin request", self.timeout_s or 0.0)
-        if self.inbox.holds(Msg.stop(total)):
+        if self.inbox.iterations(Msg.stop(0)):
             return None
         iteration = self.inbox.iterations(Msg.readmit(0))[0]
         return iteration, self.inbox.take(Msg.readmit(iteration))
@@ -488,11 +509,19 @@ class WorkerRounds:
             self.peers.drop(peer, forget_before)
         return shards
 
-    def stop(self, total: int) -> None:
-        """Take the stop message, send the report, close the transport."""
+    def stop(self, total: int) -> int:
+        """Take the stop message, send the report, close the transport; return the iteration the run stopped at.
+
+        That is `total`, or an earlier iteration where a stop message for it came already (a preemption).
+        """
+        held = self.inbox.iterations(Msg.stop(0))
+        total = held[0] if held else total
         self.inbox.take(Msg.stop(total), self.timeout_s)
         self.transport.send(self.server, self.report.vector(), Msg.stop(total))
+        for early in self.inbox.iterations(Msg.stop_early(0)):
+            self.inbox.take(Msg.stop_early(early))
         if self.peers is not None:
             self.peers.close(timeout_s=1.0)
         self.transport.close(timeout_s=1.0)
         self.roles.free()
+        return total

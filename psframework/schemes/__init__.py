@@ -11,16 +11,20 @@ from psframework.settings import Settings
 def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     """Run this rank's part of a training run; rank 0 (or the single process) returns the summary.
 
-    Raises startup.RunEnds on every rank when any rank finds a bad input before training starts.
+    Raises startup.RunEnds on every rank when any rank finds a bad input before training starts, and
+    runtime.preempt.Preempted on every rank when a preemption signal stopped it early with a checkpoint.
     """
+    from psframework.runtime.preempt import watch
     from psframework.schemes.startup import attempt, preflight
 
     rank = comm.Get_rank() if comm is not None else 0
     opening, outcome = attempt(lambda: preflight(settings, rank, comm))
     _agree_or_close(comm, outcome, opening)
+    flag = watch(settings.run.preempt_signal)
     try:
         return _train(settings, comm, opening)
     finally:
+        flag.uninstall()
         opening.close()
 
 

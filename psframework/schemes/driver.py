@@ -17,9 +17,10 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
-from psframework.comm.rounds import Detached
+from psframework.comm.rounds import Detached, StopEarly
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
+from psframework.runtime.preempt import FLAG, Preempted
 from psframework.schemes.checkpoint import restore, save_checkpoint
 from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
 from psframework.settings import Settings
@@ -213,8 +214,8 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     recorder = RunRecorder(run.run_dir, settings.config_yaml, schedule.start if opening.in_place else None)
     progress = Progress(schedule.total - schedule.start, run.progress)
     if opening.forced:
-        print(f"psf: warning: resuming from {run.resume} although its settings differ (train.resume_force): "
-              f"{'; '.join(opening.forced)}", file=sys.stderr, flush=True)
+        print(f"psf: warning: resuming from {opening.checkpoint.path} although its settings differ "
+              f"(train.resume_force): {'; '.join(opening.forced)}", file=sys.stderr, flush=True)
     progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {settings.model.name}, dataset "
                      f"{problem.dataset.name} ({num_train} train / {len(problem.dataset.test)} test), "
                      f"iterations {schedule.start + 1}..{schedule.total}")
@@ -229,12 +230,33 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
+        if FLAG.requested() and step.iteration < schedule.total:
+            stop_early(settings, side, schedule, step.iteration, recorder)
     problem.dataset.close()  # stops a streamed dataset's loader processes
     fields = summary_fields(settings, side, schedule, recorder, world_size, final)
     summary = recorder.finish({**fields, "resume_forced": opening.forced} if opening.forced else fields)
     progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
                      f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {run.run_dir}")
     return summary
+
+
+def stop_early(settings: Settings, side: ServerSide, schedule: Schedule, iteration: int,
+               recorder: RunRecorder) -> None:
+    """End the run after `iteration` for a preemption signal: every rank stops there, the checkpoint holds it.
+
+    Raises Preempted; metrics.jsonl.partial and the checkpoint let `train.resume=auto` go on from here.
+    """
+    if side.link is not None:
+        side.link.stop_early(iteration)
+    if not schedule.syncs(iteration):
+        recorder.update_last(**side.sync(iteration, False))
+    if not schedule.checkpoints(iteration):
+        write_checkpoints(settings, side, schedule, iteration)
+    side.problem.dataset.close()
+    if side.link is not None:
+        side.link.finish(recorder, iteration)  # the workers answered the sync and stop now
+    recorder.suspend()
+    raise Preempted(iteration, schedule.total, FLAG.name, os.path.join(settings.run.run_dir, "checkpoint.pt"))
 
 
 def train_step(side: ServerSide, step: Step, recorder: RunRecorder) -> float:
@@ -308,7 +330,7 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
     schedule = make_schedule(settings, num_train, start)
     side.start(schedule)
     plan = events(settings, num_train, schedule, side.with_syncs)
-    event, resume_at = next(plan), 0
+    event, resume_at, stop_at = next(plan), 0, schedule.total
     for after in plan:
         if event.iteration >= resume_at:
             try:
@@ -319,9 +341,16 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
                     break
                 resume_at, state = readmission
                 side.readmitted(state)
+            except StopEarly as notice:
+                stop_at = notice.iteration
+                if side.with_syncs and not schedule.syncs(stop_at):
+                    side.sync(stop_at)  # rank 0 checkpoints this iteration
+                break
         event = after
-    side.link.stop(schedule.total)
+    stopped = side.link.stop(stop_at)
     side.close()
+    if stopped < schedule.total:
+        raise Preempted(stopped, schedule.total, FLAG.name)
 
 
 def play(side: WorkerSide, event: Event, after: Event) -> None:

@@ -56,7 +56,7 @@ def check_paths(settings: Settings) -> None:
     data = settings.data
     if data.root is not None or data.dataset in FILE_DATASETS:
         expect_path("data.root", data.root, "the directory of the dataset's files", directory=True)
-    if settings.run.resume is not None:
+    if settings.run.resume not in (None, "auto"):  # auto: whatever the run directory holds, if anything
         expect_path("train.resume", settings.run.resume, "a checkpoint file")
     check_writable("output.dir", os.path.dirname(settings.run.run_dir) or ".")
 

@@ -22,6 +22,7 @@ from psframework.schemes.preflight import (SERVER, WORKER, check_cuda_aware, che
 from psframework.settings import Settings
 
 EXIT_USAGE = 2
+AUTO = "auto"  # train.resume: the newest checkpoint in the run directory, or a fresh start
 T = TypeVar("T")
 
 
@@ -81,19 +82,40 @@ def preflight(settings: Settings, rank: int, comm: Any = None) -> Opening:
         return Opening()
     check_machine(settings)
     check_memory(settings, SERVER)
-    opening = Opening()
-    if settings.run.resume is not None:
-        opening = check_resume(settings)
-    opening.run_dir = open_run_directory(settings.run.run_dir, opening.in_place, settings.run.overwrite)
+    opening, overwrite = Opening(), settings.run.overwrite
+    path = settings.run.resume
+    if path == AUTO:
+        path = newest_checkpoint(settings.run.run_dir)
+        # Nothing to resume: start afresh, also over the files of a run stopped before its first checkpoint.
+        overwrite = overwrite or (path is None and not os.path.exists(os.path.join(settings.run.run_dir,
+                                                                                   "summary.json")))
+    if path is not None:
+        opening = check_resume(settings, path)
+    opening.run_dir = open_run_directory(settings.run.run_dir, opening.in_place, overwrite)
     return opening
 
 
-def check_resume(settings: Settings) -> Opening:
+def newest_checkpoint(run_dir: str) -> Optional[str]:
+    """Return the newest checkpoint in `run_dir` that reads back whole (train.resume: auto), or None."""
+    try:
+        names = [n for n in os.listdir(run_dir) if n.startswith("checkpoint") and n.endswith(".pt")]
+    except OSError:
+        return None
+    paths = sorted((os.path.join(run_dir, n) for n in names), key=os.path.getmtime, reverse=True)
+    for path in paths:
+        try:
+            read_checkpoint(path)
+        except ConfigError:
+            continue  # torn or foreign: an older one may still do
+        return path
+    return None
+
+
+def check_resume(settings: Settings, path: str) -> Opening:
     """Read the checkpoint, compare its fingerprint, and end the run early if it holds every iteration."""
     from psframework.schemes.driver import make_schedule
     from psframework.schemes.registry import get_scheme
 
-    path = settings.run.resume
     checkpoint = read_checkpoint(path)
     current = fingerprint(settings.config, get_scheme(settings.run.scheme).coded, meta_model(settings))
     differ = differences(checkpoint.fingerprint, current)
