@@ -6,12 +6,12 @@
 #   sudo bash hpc/slurm-up.sh           # then: sinfo; sbatch jobs/single-node.sbatch ...
 #
 # Environment:
-#   PSF_SLURM_CPUS   CPUs the node declares (default 16, more than the cores: jobs may oversubscribe)
+#   PSF_SLURM_CPUS   CPUs the node declares (default 32, more than the cores: jobs may oversubscribe)
 #   PSF_SLURM_CONF   where slurm.conf goes (default /etc/slurm/slurm.conf)
 # Exit status 0: Slurm answers (sinfo shows the node idle); 3: Slurm cannot be had here (not root,
 # no apt-get, or the packages do not install); 1: it was installed but did not come up.
 set -uo pipefail
-cpus="${PSF_SLURM_CPUS:-16}"
+cpus="${PSF_SLURM_CPUS:-32}"
 conf="${PSF_SLURM_CONF:-/etc/slurm/slurm.conf}"
 say() { echo "slurm-up: $*" >&2; }
 
@@ -41,6 +41,7 @@ cat > "$conf" <<EOF
 ClusterName=psf
 SlurmctldHost=$host
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -61,6 +62,7 @@ ReturnToService=2
 JobRequeue=1
 KillWait=10
 MinJobAge=300
+# a requeued job may start again after cred_expire seconds (Slurm default 120; short for the tests)
 SlurmdParameters=config_overrides
 NodeName=$host CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES

@@ -26,6 +26,8 @@ BENCHMARKS = {
     "stragglers": "psframework.bench.stragglers",
 }
 
+OWN_PARSERS = {"sweep": "psframework.sweep", "report": "psframework.report"}
+
 
 def _world() -> tuple:
     """Return (rank, size, comm) of the MPI job, or (0, 1, None) when MPI is not running."""
@@ -59,7 +61,10 @@ def _end_cleanly(comm: object, status: int) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     rank, size, comm = _world()
     try:
-        settings = make_settings(load_config(args.config, args.overrides), world_size=size)
+        from psframework.sweep import point_arguments
+
+        config, overrides = point_arguments(args.config, args.overrides)
+        settings = make_settings(load_config(config, overrides), world_size=size)
     except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
         return _end_cleanly(comm, _fail(str(exc), rank))
@@ -73,7 +78,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         train(settings, comm=comm)
     except Preempted as exc:
-        return _end_preempted(comm, rank, exc)
+        return _end_preempted(comm, rank, exc, settings.run.preempt_signal)
     except RunEnds as exc:
         # Every rank agreed to end here: one line from rank 0, then a clean exit everywhere.
         if rank == 0:
@@ -99,13 +104,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _end_preempted(comm: object, rank: int, stopped: "Preempted") -> int:
+def _end_preempted(comm: object, rank: int, stopped: "Preempted", preempt_signal: str) -> int:
     """Leave MPI after a preemption; rank 0 then says where the run stopped and asks Slurm to requeue it."""
-    from psframework.runtime.preempt import EXIT_PREEMPTED, requeue
+    from psframework.runtime.preempt import EXIT_PREEMPTED, after_stop
 
     _end_cleanly(comm, EXIT_PREEMPTED)
     if rank == 0:
-        print(f"psf: {stopped}: checkpoint {stopped.checkpoint}; {requeue(os.environ)}", file=sys.stderr, flush=True)
+        done = after_stop(stopped.signal_name, preempt_signal, os.environ)
+        print(f"psf: {stopped}: checkpoint {stopped.checkpoint}; {done}", file=sys.stderr, flush=True)
     return EXIT_PREEMPTED
 
 
@@ -155,6 +161,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return int(doctor.main(args.rest) or 0)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from psframework import sweep
+
+    return int(sweep.main(args.rest) or 0)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from psframework import report
 
@@ -200,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="print the MPI, thread, GPU and binding set-up")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("sweep", help="run a grid of overrides over a config, locally or as a Slurm job array",
+                       description="run a grid of overrides over a config (see psf sweep --help)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="CONFIG [KEY=VALUE ...] --grid KEY=V1,V2 ... [--slurm]")
+    p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="write a Markdown report with plots and a CSV of runs and sweeps",
                        description="write a Markdown report with plots and a CSV of runs and sweeps "
                        "(see psf report --help)")
@@ -210,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the `psf` command line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in OWN_PARSERS:  # their own parsers answer --help and every usage error
+        return int(importlib.import_module(OWN_PARSERS[argv[0]]).main(argv[1:]) or 0)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow an option (psf check CONFIG --machine train.lr=0.1): argparse leaves them over.

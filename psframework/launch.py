@@ -1,13 +1,15 @@
-"""Start MPI jobs from Python (benchmark drivers, tests): mpiexec -n N python -m mpi4py ARGS."""
+"""Start MPI jobs: mpiexec -n N python -m mpi4py ARGS from Python (sweeps, benchmarks, tests), and srun
+with the MPI plugin, task count and CPU binding that fit inside a Slurm allocation (the job templates)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework import environment
 
@@ -56,3 +58,145 @@ def run_mpi(n: int, args: Sequence[str], timeout_s: float = 600.0, env: Optional
     argv, full_env = mpi_command(n, args, timeout_s, env)
     return subprocess.run(argv, cwd=cwd, env=full_env, capture_output=capture, text=True,
                           timeout=timeout_s + 15)
+
+
+# ---------------------------------------------------------------- srun inside a Slurm allocation
+
+SRUN_USAGE = "usage: python -m psframework.launch [-n N] [--dry-run] PSF-ARGS... (inside a Slurm allocation)"
+
+
+class LaunchError(Exception):
+    """The launch cannot go ahead as asked: one line says why."""
+
+
+def mpi_library() -> str:
+    """Return the version string of the MPI library mpi4py uses, without initialising MPI."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+
+    return MPI.Get_library_version()
+
+
+def srun_mpi_plugin(env: Mapping[str, str], library: str) -> Optional[str]:
+    """Return the srun --mpi plugin for this MPI: PSF_SRUN_MPI, else pmix for Open MPI, pmi2 for MPICH's kin."""
+    if env.get("PSF_SRUN_MPI"):
+        return env["PSF_SRUN_MPI"]
+    if "Open MPI" in library:
+        return "pmix"
+    if any(kin in library for kin in ("MPICH", "MVAPICH", "Intel(R) MPI", "CRAY MPICH")):
+        return "pmi2"
+    return None  # leave it to the cluster's MpiDefault
+
+
+def srun_plugins(srun: str) -> List[str]:
+    """Return the MPI plugins this srun offers (srun --mpi=list), or [] when it cannot tell."""
+    try:
+        out = subprocess.run([srun, "--mpi=list"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    text = out.stdout + out.stderr
+    names = [line.strip().split()[-1] for line in text.splitlines() if line.strip() and ":" not in line
+             and not line.strip().startswith(("MPI plugin", "specific"))]
+    return [n.replace("mpi/", "") for n in names]
+
+
+def cpu_binding(env: Mapping[str, str]) -> List[str]:
+    """Return srun's CPU binding option where the cluster's task plugin binds (PSF_SRUN_CPU_BIND overrides)."""
+    if "PSF_SRUN_CPU_BIND" in env:
+        value = env["PSF_SRUN_CPU_BIND"]
+        return [] if value in ("", "none") else [f"--cpu-bind={value}"]
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    plugin = next((line.split("=", 1)[1] for line in out.stdout.splitlines() if line.startswith("TaskPlugin ")), "")
+    return ["--cpu-bind=cores"] if ("affinity" in plugin or "cgroup" in plugin) else []
+
+
+def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[Optional[int], List[str]]:
+    """Return (ranks the `psf train` run needs, its arguments); (None, args) for other commands.
+
+    A requeued Slurm job (SLURM_RESTART_COUNT > 0) resumes: train.resume=auto is added unless given.
+    """
+    args = list(psf_args)
+    if not args or args[0] != "train" or len(args) < 2:
+        return None, args
+    from psframework.config import ConfigError, load_config
+    from psframework.schemes.registry import get_scheme
+    from psframework.sweep import point_arguments
+
+    try:
+        config, overrides = point_arguments(args[1], [a for a in args[2:] if "=" in a], env)
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
+    if env.get("SLURM_RESTART_COUNT", "0") not in ("", "0") and not any(a.startswith("train.resume=") for a in args):
+        args.append("train.resume=auto")
+    return get_scheme(cfg.scheme).world_size(cfg.code.n), args
+
+
+def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[str, str]) -> List[str]:
+    """Return the srun command that runs `python -m mpi4py -m psframework PSF-ARGS` in this allocation."""
+    srun = shutil.which("srun")
+    if srun is None:
+        raise LaunchError("no srun on PATH: run inside a Slurm allocation, or use mpiexec")
+    needed, args = train_world_size(psf_args, env)
+    ntasks = ntasks or needed
+    allocated = env.get("SLURM_NTASKS")
+    if ntasks and allocated and allocated.isdigit() and int(allocated) < ntasks:
+        raise LaunchError(f"the run needs {ntasks} ranks but the Slurm allocation has {allocated} tasks "
+                          f"(SLURM_NTASKS): submit with sbatch --ntasks={ntasks}")
+    argv = [srun]
+    plugin = srun_mpi_plugin(env, mpi_library())
+    if plugin is not None:
+        offered = srun_plugins(srun)
+        if offered and plugin not in offered and not any(o.startswith(plugin + "_") for o in offered):
+            raise LaunchError(f"srun --mpi={plugin} (for {mpi_library().splitlines()[0].strip()}) is not offered "
+                              f"here; srun --mpi=list shows {', '.join(offered)}: set PSF_SRUN_MPI to one of them")
+        argv.append(f"--mpi={plugin}")
+    if ntasks:
+        argv += ["-n", str(ntasks)]
+    argv += cpu_binding(env) + shlex.split(env.get("PSF_SRUN_ARGS", ""))
+    return argv + [sys.executable, "-m", "mpi4py", "-m", "psframework"] + args
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `psf` under srun in the current Slurm allocation (`python -m psframework.launch [-n N] ARGS`)."""
+    args, ntasks, dry_run = list(argv), None, False
+    if args[:1] in (["-h"], ["--help"]):
+        print(f"{SRUN_USAGE}\n{main.__doc__}\nEnvironment: PSF_SRUN_MPI (plugin), PSF_SRUN_CPU_BIND (none: no binding), "
+              "PSF_SRUN_ARGS (extra srun arguments).")
+        return 0
+    while args and args[0] in ("-n", "--dry-run", "--"):
+        flag = args.pop(0)
+        if flag == "--":
+            break
+        if flag == "--dry-run":
+            dry_run = True
+        elif not args or not args[0].isdigit() or int(args[0]) < 1:
+            print(f"psf-launch: -n: got {args[0] if args else 'nothing'!r}, expected a positive number of ranks",
+                  file=sys.stderr)
+            return 2
+        else:
+            ntasks = int(args.pop(0))
+    if not args:
+        print(SRUN_USAGE, file=sys.stderr)
+        return 2
+    try:
+        command = srun_command(args, ntasks, os.environ)
+    except LaunchError as exc:
+        print(f"psf: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if dry_run:
+        print(" ".join(shlex.quote(a) for a in command))
+        return 0
+    sys.stdout.flush()
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

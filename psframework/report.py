@@ -35,6 +35,8 @@ MAX_LABEL_KEYS = 4
 # The timed parts of an iteration, in the order the split plot stacks them: (metrics key, name).
 PARTS = (("wait_s", "wait"), ("decode_s", "decode"), ("encode_s", "encode"), ("compute_s", "compute"),
          ("comm_s", "communication"))
+PART_COLORS = {"wait_s": "#d62728", "decode_s": "#9467bd", "encode_s": "#8c564b", "compute_s": "#1f77b4",
+               "comm_s": "#ff7f0e"}
 ROW_MEANS = ("iteration_s",) + tuple(key for key, _ in PARTS) + ("bytes_sent", "bytes_received")
 # Keys that do not tell runs apart in a label or for the straggler twin comparison.
 IGNORED_KEYS = ("name",)
@@ -58,6 +60,7 @@ class Run:
     summary: Optional[Dict[str, Any]] = None
     overrides: List[str] = field(default_factory=list)  # the sweep point's overrides
     world_size: Optional[int] = None
+    repeat: Optional[int] = None  # which repeat of its sweep point the run is (the point's `seed`)
     started: bool = True
     label: str = ""
 
@@ -146,10 +149,11 @@ def read_rows(path: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def load_run(path: str, overrides: Sequence[str] = (), world_size: Optional[int] = None) -> Run:
+def load_run(path: str, overrides: Sequence[str] = (), world_size: Optional[int] = None,
+             repeat: Optional[int] = None) -> Run:
     """Read a run directory; a run whose metrics are still partial counts as unfinished."""
     run = Run(path, read_config(os.path.join(path, "config.yaml")), overrides=list(overrides),
-              world_size=world_size)
+              world_size=world_size, repeat=repeat)
     partial = os.path.join(path, "metrics.jsonl.partial")
     final = os.path.join(path, "metrics.jsonl")
     metrics = partial if os.path.exists(partial) else final
@@ -183,11 +187,13 @@ def load_sweep(path: str) -> List[Run]:
         run_dir = os.path.join(path, point["dir"])
         overrides = [str(o) for o in point.get("overrides") or []]
         world_size = point.get("world_size") if isinstance(point.get("world_size"), int) else None
+        repeat = point.get("seed") if isinstance(point.get("seed"), int) else None
         if os.path.isfile(os.path.join(run_dir, "config.yaml")):
-            runs.append(load_run(run_dir, overrides, world_size))
+            runs.append(load_run(run_dir, overrides, world_size, repeat))
         else:
             config = dict(o.split("=", 1) for o in overrides if "=" in o)
-            runs.append(Run(run_dir, config, overrides=overrides, world_size=world_size, started=False))
+            runs.append(Run(run_dir, config, overrides=overrides, world_size=world_size, repeat=repeat,
+                            started=False))
     return runs
 
 
@@ -352,19 +358,30 @@ def differing_keys(runs: Sequence[Run], items: Sequence[Dict[str, str]]) -> List
     return keys
 
 
+def merge_seeds(runs: Sequence[Run], keys: List[str], items: Sequence[Dict[str, str]]) -> List[str]:
+    """Write train.seed and data.seed as one "seed" (the repeat of a sweep point, else the shared value)."""
+    if not {"train.seed", "data.seed"} <= set(keys):
+        return keys
+    seeds = [str(run.repeat) if run.repeat is not None else each.get("train.seed")
+             for run, each in zip(runs, items)]
+    if any(run.repeat is None and each.get("train.seed") != each.get("data.seed") for run, each in zip(runs, items)):
+        return keys
+    for each, seed in zip(items, seeds):
+        if seed is not None:
+            each["seed"] = seed
+    return [("seed" if key == "train.seed" else key) for key in keys if key != "data.seed"]
+
+
 def assign_labels(runs: Sequence[Run]) -> None:
     """Label every run by what differs between the runs (its name when nothing does); labels are unique."""
     items = [label_items(run) for run in runs]
-    keys = differing_keys(runs, items)
+    keys = merge_seeds(runs, differing_keys(runs, items), items)
     labels = [", ".join(f"{key}={each[key]}" for key in keys if key in each) for each in items]
     counts = {label: labels.count(label) for label in labels}
     labels = [label if label and counts[label] == 1 else ", ".join(filter(None, [label, run.name]))
               for label, run in zip(labels, runs)]
-    for index, label in enumerate(labels):
-        if labels.count(label) > 1:
-            labels[index] = f"{label} #{labels[:index].count(label) + 1}"
-    for run, label in zip(runs, labels):
-        run.label = label
+    for index, (run, label) in enumerate(zip(runs, labels)):
+        run.label = f"{label} #{labels[:index].count(label) + 1}" if labels.count(label) > 1 else label
 
 
 def stragglers_off(config: Dict[str, Any]) -> bool:
@@ -482,7 +499,9 @@ def render_curves(plt: Any, runs: Sequence[Run], x: str, y: str, title: str, xla
                 marker="o" if markers else None, markersize=4, linewidth=1.4,
                 linestyle="-" if run.finished else "--")
     if x == "iteration":
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     add_legend(ax, len(shown), max(len(curve_label(run)) for run, _ in shown))
     return ax
 
@@ -490,6 +509,16 @@ def render_curves(plt: Any, runs: Sequence[Run], x: str, y: str, title: str, xla
 def bar_height(count: int) -> Tuple[float, float]:
     """Return the size of a horizontal bar chart of `count` runs."""
     return FIGSIZE[0] + 2.0, min(20.0, max(FIGSIZE[1], 1.5 + 0.45 * count))
+
+
+def finish_bars(ax: Any, labels: Sequence[str], legend_title: Optional[str]) -> None:
+    """Name the bars of a horizontal bar chart (top to bottom) and put its legend beside the axes."""
+    positions = list(range(len(labels)))[::-1]
+    ax.set_yticks(positions)
+    ax.set_yticklabels(labels, fontsize="small")
+    ax.set_ylim(-0.7, len(labels) - 0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False, title=legend_title)
+    ax.grid(False, axis="y")
 
 
 def render_time_split(plt: Any, runs: Sequence[Run]) -> Optional[Any]:
@@ -504,14 +533,12 @@ def render_time_split(plt: Any, runs: Sequence[Run]) -> Optional[Any]:
                   "run", bar_height(len(split)))
     positions = list(range(len(split)))[::-1]
     left = [0.0] * len(split)
-    for (key, name), color in zip(parts, ("#d62728", "#9467bd", "#8c564b", "#1f77b4", "#ff7f0e")):
+    for key, name in parts:
         widths = [times[key] * 1e3 for _, times in split]
-        ax.barh(positions, widths, left=left, color=color, label=name, height=0.6)
+        ax.barh(positions, widths, left=left, color=PART_COLORS[key], label=name, height=0.6)
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(positions)
-    ax.set_yticklabels([curve_label(run) for run, _ in split], fontsize="small")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False, title="part")
-    ax.grid(False, axis="y")
+    ax.set_xlim(0.0, max(left + [1e-3]) * 1.05)
+    finish_bars(ax, [curve_label(run) for run, _ in split], "part")
     return ax
 
 
@@ -528,11 +555,8 @@ def render_server_bytes(plt: Any, runs: Sequence[Run]) -> Optional[Any]:
         values = [sizes[index] / MiB for _, sizes in counted]
         bars = ax.barh([p + offset for p in positions], values, height=0.38, label=name, color=color)
         ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=2, fontsize="x-small")
-    ax.set_yticks(positions)
-    ax.set_yticklabels([curve_label(run) for run, _ in counted], fontsize="small")
-    ax.margins(x=0.12)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False, title="rank 0")
-    ax.grid(False, axis="y")
+    ax.set_xlim(0.0, max(max(sizes) for _, sizes in counted) / MiB * 1.15 or 1.0)
+    finish_bars(ax, [curve_label(run) for run, _ in counted], "rank 0")
     return ax
 
 
@@ -547,11 +571,8 @@ def render_slowdown(plt: Any, pairs: Sequence[Tuple[Run, Run, float]]) -> Option
     bars = ax.barh(positions, ratios, height=0.6, color="#d62728", label="with stragglers / straggler-free twin")
     ax.bar_label(bars, labels=[slowdown_text(r) for r in ratios], padding=3, fontsize="small")
     ax.axvline(1.0, color="black", linewidth=1.0, linestyle="--", label="no slowdown (1x)")
-    ax.set_yticks(positions)
-    ax.set_yticklabels([run.label for run, _, _ in pairs], fontsize="small")
     ax.set_xlim(0.0, max(ratios + [1.0]) * 1.2)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    ax.grid(False, axis="y")
+    finish_bars(ax, [run.label for run, _, _ in pairs], None)
     return ax
 
 

@@ -101,6 +101,18 @@ def slurm_job_to_requeue(env: Mapping[str, str]) -> Optional[str]:
     return env.get("SLURM_JOB_ID") or None
 
 
+def after_stop(caught: str, preempt_signal: str, env: Mapping[str, str]) -> str:
+    """Requeue the job if the preemption signal stopped it; return what happened, in words.
+
+    SIGTERM alone (scancel, or a time limit reached without --signal) stops with a checkpoint but is
+    not requeued: a cancelled job must stay cancelled, and Slurm requeues the jobs it preempts itself.
+    """
+    if preempt_signal.lower() == "none" or signal_number(caught) != signal_number(preempt_signal):
+        return f"SIG{caught} is not train.preempt_signal ({preempt_signal}): not requeued; run it again with " \
+               "train.resume=auto to go on"
+    return requeue(env)
+
+
 def requeue(env: Mapping[str, str]) -> str:
     """Ask Slurm to requeue this job (it runs again and resumes); return what happened, in words."""
     job = slurm_job_to_requeue(env)
