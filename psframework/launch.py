@@ -140,9 +140,7 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
 
 def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[str, str]) -> List[str]:
     """Return the srun command that runs `python -m mpi4py -m psframework PSF-ARGS` in this allocation."""
-    srun = shutil.which("srun")
-    if srun is None:
-        raise LaunchError("no srun on PATH: run inside a Slurm allocation, or use mpiexec")
+    srun = shutil.which("srun") or "srun"
     needed, args = train_world_size(psf_args, env)
     ntasks = ntasks or needed
     allocated = env.get("SLURM_NTASKS")
@@ -152,7 +150,7 @@ def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[st
     argv = [srun]
     plugin = srun_mpi_plugin(env, mpi_library())
     if plugin is not None:
-        offered = srun_plugins(srun)
+        offered = srun_plugins(srun) if os.path.isabs(srun) else []
         if offered and plugin not in offered and not any(o.startswith(plugin + "_") for o in offered):
             raise LaunchError(f"srun --mpi={plugin} (for {mpi_library().splitlines()[0].strip()}) is not offered "
                               f"here; srun --mpi=list shows {', '.join(offered)}: set PSF_SRUN_MPI to one of them")
@@ -167,8 +165,8 @@ def main(argv: Sequence[str]) -> int:
     """Run `psf` under srun in the current Slurm allocation (`python -m psframework.launch [-n N] ARGS`)."""
     args, ntasks, dry_run = list(argv), None, False
     if args[:1] in (["-h"], ["--help"]):
-        print(f"{SRUN_USAGE}\n{main.__doc__}\nEnvironment: PSF_SRUN_MPI (plugin), PSF_SRUN_CPU_BIND (none: no binding), "
-              "PSF_SRUN_ARGS (extra srun arguments).")
+        print(f"{SRUN_USAGE}\n{main.__doc__}\nEnvironment: PSF_SRUN_MPI (plugin), PSF_SRUN_CPU_BIND (none: no "
+              "binding), PSF_SRUN_ARGS (extra srun arguments).")
         return 0
     while args and args[0] in ("-n", "--dry-run", "--"):
         flag = args.pop(0)
@@ -193,6 +191,9 @@ def main(argv: Sequence[str]) -> int:
     if dry_run:
         print(" ".join(shlex.quote(a) for a in command))
         return 0
+    if not os.path.isabs(command[0]):
+        print("psf: error: no srun on PATH: run inside a Slurm allocation, or use mpiexec", file=sys.stderr)
+        return 2
     sys.stdout.flush()
     os.execv(command[0], command)
     return 0  # not reached

@@ -157,8 +157,19 @@ def test_psf_mpirun_runs_the_chosen_interpreter_and_its_mpiexec(tmp_path):
 
 def test_psf_mpirun_builds_the_srun_command_and_checks_its_arguments():
     env = wrapper_env(PSF_PYTHON=sys.executable)
-    srun = dry_run(dict(env, SLURM_JOB_ID="42", PSF_LAUNCHER="srun"), "train", "cfg.yaml")
-    assert srun[:2] == ["srun", "--mpi=pmix"] and srun[-3:] == ["psframework", "train", "cfg.yaml"]
+    slurm = dict(env, SLURM_JOB_ID="42", PSF_LAUNCHER="srun", SLURM_NTASKS="8")
+    config = os.path.join(ROOT, "configs", "digits_sazd.yaml")
+    srun = dry_run(slurm, "train", config, "code.n=6")
+    # The MPICH wheel is started through PMI-2; -n is code.n + 1 from the config
+    assert os.path.basename(srun[0]) == "srun" and srun[1:4] == ["--mpi=pmi2", "-n", "7"]
+    assert srun[-5:] == ["-m", "psframework", "train", config, "code.n=6"]
+    srun = dry_run(dict(slurm, PSF_SRUN_MPI="pmix", PSF_SRUN_CPU_BIND="cores"), "-n", "3", "doctor")
+    assert srun[1:5] == ["--mpi=pmix", "-n", "3", "--cpu-bind=cores"] and srun[-1] == "doctor"
+    proc = subprocess.run([WRAPPER, "--dry-run", "train", config, "code.n=9"], env=slurm, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == ("psf: error: the run needs 10 ranks but the Slurm "
+                                                           "allocation has 8 tasks (SLURM_NTASKS): submit with "
+                                                           "sbatch --ntasks=10")
     proc = subprocess.run([WRAPPER, "train", "cfg.yaml"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "give the number of ranks" in proc.stderr
     proc = subprocess.run([WRAPPER, "-n", "0", "doctor"], env=env, capture_output=True, text=True, timeout=30)
@@ -204,7 +215,7 @@ EXAMPLES = [pytest.param(name, args, id=" ".join([name, *args])) for name, args 
 
 def psf_command_lines(text: str) -> List[List[str]]:
     """Return the psf arguments of every psframework command line in a template, comments included."""
-    lines = re.findall(r"(?:-m psframework|psf-mpirun)\s+(.*)$", text, re.M)
+    lines = re.findall(r"(?:-m psframework(?:\.launch)?|psf-mpirun)\s+(.*)$", text, re.M)
     commands = []
     for line in lines:
         words = shlex.split(line)
@@ -240,7 +251,8 @@ def test_sbatch_templates_launch_psf_train_through_mpi4py(name):
     path = os.path.join(ROOT, "jobs", name)
     text = read("jobs", name)
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks" in text
-    assert 'srun --mpi=pmix --cpu-bind=cores python -m mpi4py -m psframework train "$@"' in text
+    assert 'exec python -m psframework.launch train "$@"' in text  # srun with the right plugin and -n
+    assert "#SBATCH --signal=USR2@120" in text and "#SBATCH --requeue" in text
     assert subprocess.run(["bash", "-n", path], capture_output=True, timeout=30).returncode == 0
     proc = subprocess.run(["bash", path], capture_output=True, text=True, timeout=30)  # no config given
     assert proc.returncode == 2 and "usage: sbatch jobs/" in proc.stderr

@@ -49,6 +49,9 @@ def plan_threads(comm: Any = None, *, threads: Optional[int] = None, cores_per_n
                  ranks: Optional[int] = None, environ: Optional[Mapping[str, str]] = None) -> ThreadPlan:
     """Return threads per rank: the node's cores over its ranks, within this process's affinity.
 
+    Ranks without a binding of their own (affinity = every core of the machine) split the machine's
+    cores among them, so a node that declares more CPUs than it has is not oversubscribed.
+
     `threads` (> 0) overrides the result; 0 or None means automatic. `cores_per_node` defaults to
     SLURM_CPUS_ON_NODE, else the machine's core count; `ranks` (ranks per node) to the launcher's
     variables, else a shared-memory split of comm.
@@ -64,7 +67,9 @@ def plan_threads(comm: Any = None, *, threads: Optional[int] = None, cores_per_n
         per_node, source = ranks_per_node(comm, environ)
     if threads:
         return ThreadPlan(threads, cores, per_node, usable, "override")
-    return ThreadPlan(max(1, min(cores // per_node, usable)), cores, per_node, usable, source)
+    # Unbound ranks (affinity = the whole machine) share its cores, whatever the scheduler declared.
+    own = usable // per_node if usable >= (os.cpu_count() or usable) else usable
+    return ThreadPlan(max(1, min(cores // per_node, own)), cores, per_node, usable, source)
 
 
 def apply_threads(plan: ThreadPlan) -> None:

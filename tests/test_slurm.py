@@ -1,0 +1,107 @@
+"""The job templates under a real Slurm: sbatch, preemption with requeue, sweeps as job arrays, reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mpiutil import describe, run_mpi
+from slurmutil import ROOT, job_environment, require_slurm, sbatch, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
+TEMPLATE = os.path.join("jobs", "single-node.sbatch")
+
+
+@pytest.fixture(autouse=True)
+def slurm():
+    require_slurm()
+
+
+def read_rows(run_dir) -> list:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.timeout(400)
+def test_the_single_node_template_trains_under_sbatch(tmp_path):
+    job = sbatch([f"--output={tmp_path}/psf-%j.out", TEMPLATE, "configs/digits_sazd.yaml", "train.epochs=1",
+                  f"output.dir={tmp_path}", "output.progress=lines"], job_environment())
+    record, = wait_for(job, 300)
+    log = (tmp_path / f"psf-{job}.out").read_text()
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", log
+    summary = json.loads((tmp_path / "digits_sazd" / "summary.json").read_text())
+    assert summary["world_size"] == 5 and summary["iterations"] == 44 and summary["final_test_accuracy"] > 0
+    assert "psf: done:" in log and "psf: error" not in log
+
+
+@pytest.mark.timeout(500)
+def test_a_preempted_job_checkpoints_requeues_itself_and_ends_as_an_uninterrupted_run(tmp_path):
+    args = ["configs/digits_ps.yaml", "train.epochs=4", "output.progress=lines"]
+    whole = run_mpi(5, ["-m", "psframework", "train", *args, f"output.dir={tmp_path}", "name=whole"], timeout=200)
+    assert whole.returncode == 0, describe(whole)
+    job = sbatch([f"--output={tmp_path}/psf-%j.out", TEMPLATE, *args, f"output.dir={tmp_path}", "name=cut"],
+                 job_environment())
+    partial = tmp_path / "cut" / "metrics.jsonl.partial"
+    deadline = time.monotonic() + 200
+    while not (partial.exists() and len(partial.read_text().splitlines()) >= 20):
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.05)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    record, = wait_for(job, 400)
+    log = (tmp_path / f"psf-{job}.out").read_text()
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
+    assert "psf: preempted by SIGUSR2 after iteration" in log and f"requeued Slurm job {job}" in log, log
+    assert "(start 2)" in log and "psf: done:" in log, log
+    cut, uninterrupted = read_rows(tmp_path / "cut"), read_rows(tmp_path / "whole")
+    assert [r["iteration"] for r in cut] == [r["iteration"] for r in uninterrupted] == list(range(1, 177))
+    assert [r["loss"] for r in cut] == [r["loss"] for r in uninterrupted]  # exactly, on the CPU
+    final = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["model"]
+    reference = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["model"]
+    assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
+
+
+def png_size(path) -> tuple:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_runs_as_one_job_array_and_the_report_plots_it(tmp_path):
+    env = job_environment()
+    argv = [sys.executable, "-m", "psframework", "sweep", "configs/digits_sazd.yaml", "--grid", "code.k=2,3",
+            "stragglers.factor=1,4", "--slurm", "--out", str(tmp_path), "train.epochs=1", "stragglers.model=fixed",
+            "output.progress=lines"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, describe(done)
+    job = done.stdout.split("submitted job array ")[1].split()[0]
+    records = wait_for(job, 540, done=4)
+    sweep = tmp_path / "digits_sazd-sweep"
+    logs = "".join(p.read_text() for p in sweep.glob("slurm-*.out"))
+    assert len(records) == 4 and all(r["JobState"] == "COMPLETED" for r in records), logs
+    index = json.loads((sweep / "sweep.json").read_text())
+    assert [p["name"] for p in index["points"]] == ["code.k=2,stragglers.factor=1", "code.k=2,stragglers.factor=4",
+                                                    "code.k=3,stragglers.factor=1", "code.k=3,stragglers.factor=4"]
+    for point in index["points"]:
+        summary = json.loads((sweep / point["dir"] / "summary.json").read_text())
+        assert summary["k"] == int(point["name"][7]) and summary["world_size"] == 5
+    again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "(4 finished)" in again.stdout and "submitted" not in again.stdout
+    out = tmp_path / "report"
+    report = subprocess.run([sys.executable, "-m", "psframework", "report", str(sweep), "--out", str(out)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, describe(report)
+    text = (out / "report.md").read_text()
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) >= 4 and (out / "runs.csv").read_text().count("\n") == 5
+    for png in pngs:
+        width, height = png_size(png)
+        assert 400 <= width <= 3000 and 300 <= height <= 3000 and png.stat().st_size > 5000, png
+        assert f"]({png.name})" in text
+    assert "straggler_slowdown.png" in text
