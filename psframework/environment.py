@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
 POLL_SLEEP = "PSF_POLL_SLEEP_S"  # longest sleep between polls of a wait, seconds
 DECODE_THREADS = "PSF_DECODE_THREADS"  # host threads of a large zigzag decode
 NO_MPI = "PSF_NO_MPI"  # run the command line without MPI even under a launcher
+TERMINAL = "PSF_TERMINAL"  # 1: the launcher's output goes to a terminal (the ranks see only pipes)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
 
@@ -87,6 +88,11 @@ def poll_sleep_s(environ: Optional[Mapping[str, str]] = None) -> Optional[float]
 def decode_threads(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """Return PSF_DECODE_THREADS (>= 1), or None when it is not set."""
     return int_var(DECODE_THREADS, environ, minimum=1)
+
+
+def on_terminal(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Return whether PSF_TERMINAL says the launcher's standard error is a terminal (hpc/psf-mpirun sets it)."""
+    return _view(environ).get(TERMINAL, "") == "1"
 
 
 def launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
+from psframework import environment
 from psframework.fileio import atomic_write_json, atomic_write_text
 
 
@@ -116,8 +117,8 @@ class Progress:
     def __init__(self, total: int, mode: str = "auto", stream: TextIO = sys.stderr):
         self.total = total
         self.stream = stream
-        if mode == "auto":
-            mode = "bar" if stream.isatty() else "lines"
+        if mode == "auto":  # under a launcher, rank 0 writes to a pipe that may end on a terminal
+            mode = "bar" if stream.isatty() or environment.on_terminal() else "lines"
         self.mode = mode
         self.start = time.perf_counter()
         self._last_line = 0.0

@@ -745,15 +745,10 @@ def render_csv(runs: Sequence[Run]) -> str:
 # --- command line --------------------------------------------------------------------------------
 
 
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors become ReportError (one line, exit status 2)."""
-
-    def error(self, message: str) -> Any:
-        raise ReportError(f"{message} (see {PROG} --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of psf report."""
+    from psframework.cli import Parser
+
     parser = Parser(prog=PROG, description="Write a Markdown report (report.md) with PNG plots and a CSV of "
                     "every run's summary (runs.csv) for run and sweep directories.")
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR",
@@ -790,6 +785,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     """Run psf report; return the exit status."""
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # --help, or a usage error already printed as one line
+        return int(exc.code or 0)
+    try:
         line = write_report(args.dirs, args.out)
     except ReportError as exc:
         print(f"psf: error: {PROG}: {exc}", file=sys.stderr, flush=True)

@@ -167,9 +167,9 @@ def test_psf_mpirun_builds_the_srun_command_and_checks_its_arguments():
     assert srun[1:5] == ["--mpi=pmix", "-n", "3", "--cpu-bind=cores"] and srun[-1] == "doctor"
     proc = subprocess.run([WRAPPER, "--dry-run", "train", config, "code.n=9"], env=slurm, capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.strip() == ("psf: error: the run needs 10 ranks but the Slurm "
-                                                           "allocation has 8 tasks (SLURM_NTASKS): submit with "
-                                                           "sbatch --ntasks=10")
+    expected = ("psf: error: the run needs 10 ranks but the Slurm allocation has 8 tasks (SLURM_NTASKS): "
+                "submit with sbatch --ntasks=10")
+    assert proc.returncode == 2 and proc.stderr.strip() == expected
     proc = subprocess.run([WRAPPER, "train", "cfg.yaml"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "give the number of ranks" in proc.stderr
     proc = subprocess.run([WRAPPER, "-n", "0", "doctor"], env=env, capture_output=True, text=True, timeout=30)

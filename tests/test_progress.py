@@ -19,3 +19,11 @@ def test_rate_and_eta_leave_the_warm_up_out(monkeypatch):
     lines = out.getvalue().splitlines()
     assert "warming up" in lines[0]
     assert "100.0 it/s eta 9s" in lines[-1]  # 99 iterations in 0.99 s; 900 to go
+
+
+def test_a_launcher_on_a_terminal_gets_the_bar(monkeypatch):
+    monkeypatch.delenv("PSF_TERMINAL", raising=False)
+    assert Progress(10, "auto", stream=io.StringIO()).mode == "lines"
+    monkeypatch.setenv("PSF_TERMINAL", "1")  # hpc/psf-mpirun: its standard error is a terminal
+    assert Progress(10, "auto", stream=io.StringIO()).mode == "bar"
+    assert Progress(10, "lines", stream=io.StringIO()).mode == "lines"
