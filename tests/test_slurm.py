@@ -77,6 +77,7 @@ def test_a_sweep_runs_as_one_job_array_and_the_report_plots_it(tmp_path):
     env = job_environment()
     argv = [sys.executable, "-m", "psframework", "sweep", "configs/digits_sazd.yaml", "--grid", "code.k=2,3",
             "stragglers.factor=1,4", "--slurm", "--out", str(tmp_path), "train.epochs=1", "stragglers.model=fixed",
+            "stragglers.ranks=[2]",
             "output.progress=lines"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, describe(done)
