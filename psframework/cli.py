@@ -33,8 +33,15 @@ def _world() -> tuple:
     """Return (rank, size, comm) of the MPI job, or (0, 1, None) when MPI is not running."""
     if "mpi4py" not in sys.modules and not environment.launched_by_mpi():
         return 0, 1, None
-    from mpi4py import MPI
+    import faulthandler
 
+    # MPI_Init holds the interpreter while it waits for the other ranks: a C-level watchdog turns a
+    # start-up that never completes into a traceback and exit status 1 instead of a silent hang.
+    faulthandler.dump_traceback_later(environment.mpi_init_timeout_s(), exit=True)
+    try:
+        from mpi4py import MPI
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     comm = MPI.COMM_WORLD
     return comm.Get_rank(), comm.Get_size(), comm
 
@@ -59,7 +66,10 @@ def _end_cleanly(comm: object, status: int) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    rank, size, comm = _world()
+    try:
+        rank, size, comm = _world()
+    except ValueError as exc:  # a malformed environment variable, named in the message
+        return _fail(str(exc))
     try:
         from psframework.sweep import point_arguments
 

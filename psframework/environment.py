@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
 POLL_SLEEP = "PSF_POLL_SLEEP_S"  # longest sleep between polls of a wait, seconds
 DECODE_THREADS = "PSF_DECODE_THREADS"  # host threads of a large zigzag decode
 NO_MPI = "PSF_NO_MPI"  # run the command line without MPI even under a launcher
+MPI_INIT_TIMEOUT = "PSF_MPI_INIT_TIMEOUT_S"  # longest wait for MPI_Init before the rank gives up, seconds
 TERMINAL = "PSF_TERMINAL"  # 1: the launcher's output goes to a terminal (the ranks see only pipes)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
@@ -88,6 +89,12 @@ def poll_sleep_s(environ: Optional[Mapping[str, str]] = None) -> Optional[float]
 def decode_threads(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """Return PSF_DECODE_THREADS (>= 1), or None when it is not set."""
     return int_var(DECODE_THREADS, environ, minimum=1)
+
+
+def mpi_init_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """Return PSF_MPI_INIT_TIMEOUT_S (>= 1; default 600): how long a rank may wait in MPI_Init."""
+    value = float_var(MPI_INIT_TIMEOUT, environ, minimum=1.0)
+    return 600.0 if value is None else value
 
 
 def on_terminal(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -69,3 +69,26 @@ def test_runtime_and_environment_import_without_mpi():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.strip() == "psframework.runtime.stragglers"
+
+
+def test_a_rank_that_cannot_start_mpi_gives_up_with_a_traceback(tmp_path):
+    import socket
+    import time
+
+    from psframework.environment import mpi_init_timeout_s
+
+    assert mpi_init_timeout_s({}) == 600.0 and mpi_init_timeout_s({"PSF_MPI_INIT_TIMEOUT_S": "5"}) == 5.0
+    with pytest.raises(ValueError, match="PSF_MPI_INIT_TIMEOUT_S"):
+        mpi_init_timeout_s({"PSF_MPI_INIT_TIMEOUT_S": "0"})
+    root = ROOT
+    with socket.socket() as silent:  # a process manager that never answers: MPI_Init waits for ever
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        env = dict(environment.child_environment(), PMI_PORT=f"127.0.0.1:{silent.getsockname()[1]}", PMI_RANK="0",
+                   PMI_SIZE="2", PMI_ID="0", PSF_MPI_INIT_TIMEOUT_S="3", PYTHONPATH=root)
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "mpi4py", "-m", "psframework", "train",
+                               f"{root}/configs/digits_sazd.yaml", f"output.dir={tmp_path}"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 60
+    assert "Timeout (0:00:03)!" in proc.stderr and "in _world" in proc.stderr
