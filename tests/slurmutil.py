@@ -83,4 +83,5 @@ def job_environment() -> Dict[str, str]:
     env["PSF_VENV"] = os.path.dirname(os.path.dirname(sys.executable))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env.pop("SLURM_JOB_ID", None)
+    env["PSF_MPI_INIT_TIMEOUT_S"] = "120"  # a start-up that hangs fails the job with a traceback
     return env
