@@ -7,10 +7,22 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from psframework import environment
 from psframework.fileio import atomic_write_json, atomic_write_text
+
+
+def metrics_rows(path: str) -> Iterator[Dict[str, Any]]:
+    """Yield the rows of a metrics file, skipping lines that are not an iteration's row (a torn last line)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("iteration"), int):
+                yield row
 
 
 class RunRecorder:
@@ -47,14 +59,9 @@ class RunRecorder:
     def _copy_rows(self, path: str, keep_until: int) -> None:
         """Copy the rows of iterations 1..keep_until from `path` (a torn last line is dropped), then delete it."""
         assert self._fh is not None
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= keep_until:
-                    self._fh.write(json.dumps(row) + "\n")
+        for row in metrics_rows(path):
+            if row["iteration"] <= keep_until:
+                self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         os.unlink(path)
 

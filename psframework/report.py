@@ -134,19 +134,12 @@ def read_config(path: str) -> Dict[str, Any]:
 
 def read_rows(path: str) -> List[Dict[str, Any]]:
     """Return the metrics rows of a JSON-lines file, skipping lines that do not parse (a torn last line)."""
-    rows = []
+    from psframework.metrics import metrics_rows
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("iteration"), int):
-                    rows.append(row)
+        return list(metrics_rows(path))
     except OSError as exc:
         raise ReportError(f"{path}: cannot be read ({exc.strerror})") from None
-    return rows
 
 
 def load_run(path: str, overrides: Sequence[str] = (), world_size: Optional[int] = None,
