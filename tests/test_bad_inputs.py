@@ -74,6 +74,8 @@ ROWS: Dict[str, Row] = {
     "unknown key": train("train.lrr=0.1", phrase="did you mean 'train.lr'"),
     "section as value": train("data=3", phrase="data: got 3, expected a mapping"),
     "resume force word": train("train.resume_force=sometimes", phrase="train.resume_force: got 'sometimes'"),
+    "preempt on KILL": train("train.preempt_signal=KILL", phrase="train.preempt_signal: got 'KILL', expected a signal"),
+    "preempt on nothing": train("train.preempt_signal=SIGNOPE", phrase="train.preempt_signal: got 'SIGNOPE'"),
     "batch 0": train("data.batch_size=0", phrase="data.batch_size: got 0, expected a positive integer"),
     "batch 2.5": train("data.batch_size=2.5", phrase="data.batch_size: got 2.5, expected an integer"),
     "batch 1e9": train("scheme=sazd", "data.batch_size=1000000000",
