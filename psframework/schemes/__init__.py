@@ -18,14 +18,16 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     from psframework.schemes.startup import attempt, preflight
 
     rank = comm.Get_rank() if comm is not None else 0
-    opening, outcome = attempt(lambda: preflight(settings, rank, comm))
-    _agree_or_close(comm, outcome, opening)
-    flag = watch(settings.run.preempt_signal)
+    flag = watch(settings.run.preempt_signal)  # from the start: a signal during start-up stops after iteration 1
     try:
-        return _train(settings, comm, opening)
+        opening, outcome = attempt(lambda: preflight(settings, rank, comm))
+        _agree_or_close(comm, outcome, opening)
+        try:
+            return _train(settings, comm, opening)
+        finally:
+            opening.close()
     finally:
         flag.uninstall()
-        opening.close()
 
 
 def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, Any]]:
