@@ -39,7 +39,7 @@ mkdir -p "$(dirname "$conf")" /var/spool/slurmctld /var/spool/slurmd /var/log/sl
 cat > "$conf" <<EOF
 # One-node Slurm written by psframework's hpc/slurm-up.sh
 ClusterName=psf
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 AuthType=auth/munge
 AuthInfo=cred_expire=10
 CredType=cred/munge
@@ -64,7 +64,7 @@ KillWait=10
 MinJobAge=300
 # a requeued job may start again after cred_expire seconds (Slurm default 120; short for the tests)
 SlurmdParameters=config_overrides
-NodeName=$host CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 
