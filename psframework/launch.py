@@ -148,11 +148,12 @@ def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[st
         raise LaunchError(f"the run needs {ntasks} ranks but the Slurm allocation has {allocated} tasks "
                           f"(SLURM_NTASKS): submit with sbatch --ntasks={ntasks}")
     argv = [srun]
-    plugin = srun_mpi_plugin(env, mpi_library())
+    library = mpi_library()
+    plugin = srun_mpi_plugin(env, library)
     if plugin is not None:
         offered = srun_plugins(srun) if os.path.isabs(srun) else []
         if offered and plugin not in offered and not any(o.startswith(plugin + "_") for o in offered):
-            raise LaunchError(f"srun --mpi={plugin} (for {mpi_library().splitlines()[0].strip()}) is not offered "
+            raise LaunchError(f"srun --mpi={plugin} (for {library.splitlines()[0].strip()}) is not offered "
                               f"here; srun --mpi=list shows {', '.join(offered)}: set PSF_SRUN_MPI to one of them")
         argv.append(f"--mpi={plugin}")
     if ntasks:

@@ -83,19 +83,20 @@ def preflight(settings: Settings, rank: int, comm: Any = None) -> Opening:
     check_machine(settings)
     check_memory(settings, SERVER)
     opening, overwrite = Opening(), settings.run.overwrite
-    path = settings.run.resume
-    if path == AUTO:
-        path = newest_checkpoint(settings.run.run_dir)
+    resume = settings.run.resume
+    checkpoint = None if resume in (None, AUTO) else read_checkpoint(resume)
+    if resume == AUTO:
+        checkpoint = newest_checkpoint(settings.run.run_dir)
         # Nothing to resume: start afresh, also over the files of a run stopped before its first checkpoint.
-        overwrite = overwrite or (path is None and not os.path.exists(os.path.join(settings.run.run_dir,
-                                                                                   "summary.json")))
-    if path is not None:
-        opening = check_resume(settings, path)
+        overwrite = overwrite or (checkpoint is None and not os.path.exists(os.path.join(settings.run.run_dir,
+                                                                                         "summary.json")))
+    if checkpoint is not None:
+        opening = check_resume(settings, checkpoint)
     opening.run_dir = open_run_directory(settings.run.run_dir, opening.in_place, overwrite)
     return opening
 
 
-def newest_checkpoint(run_dir: str) -> Optional[str]:
+def newest_checkpoint(run_dir: str) -> Optional[Checkpoint]:
     """Return the newest checkpoint in `run_dir` that reads back whole (train.resume: auto), or None."""
     try:
         names = [n for n in os.listdir(run_dir) if n.startswith("checkpoint") and n.endswith(".pt")]
@@ -104,19 +105,18 @@ def newest_checkpoint(run_dir: str) -> Optional[str]:
     paths = sorted((os.path.join(run_dir, n) for n in names), key=os.path.getmtime, reverse=True)
     for path in paths:
         try:
-            read_checkpoint(path)
+            return read_checkpoint(path)
         except ConfigError:
             continue  # torn or foreign: an older one may still do
-        return path
     return None
 
 
-def check_resume(settings: Settings, path: str) -> Opening:
-    """Read the checkpoint, compare its fingerprint, and end the run early if it holds every iteration."""
+def check_resume(settings: Settings, checkpoint: Checkpoint) -> Opening:
+    """Compare the checkpoint's fingerprint, and end the run early if it holds every iteration."""
     from psframework.schemes.driver import make_schedule
     from psframework.schemes.registry import get_scheme
 
-    checkpoint = read_checkpoint(path)
+    path = checkpoint.path
     current = fingerprint(settings.config, get_scheme(settings.run.scheme).coded, meta_model(settings))
     differ = differences(checkpoint.fingerprint, current)
     if differ and not settings.run.resume_force:
