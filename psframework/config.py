@@ -115,6 +115,7 @@ class TrainConfig:
     resume_force: bool = False
     preempt_signal: str = "USR2"  # checkpoint and stop at the next iteration on this signal (or SIGTERM); "none"
     backup_workers: int = 0
+    servers: int = 1  # server ranks G: each leads a group of code.n workers (rank 0 is the lead)
 
 
 @dataclass
@@ -350,6 +351,7 @@ _BOUNDS = {
     "train.epochs": (1, 10**6), "train.max_iterations": (1, 10**9), "train.lr": (0.0, 1e3),
     "train.head_lr": (0.0, 1e3), "train.weight_decay": (0.0, 1.0), "train.seed": (0, SEED_MAX),
     "train.eval_every": (0, 10**9), "train.verify_every": (0, 10**9), "train.checkpoint_every": (0, 10**9),
+    "train.servers": (1, 1024),
     "code.n": (1, 1024), "code.k": (1, 1024), "code.symbol_channels": (1, 65_536),
     "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),
     "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3), "stragglers.ranks": (1, 1024),
@@ -400,6 +402,7 @@ def _check_train(t: TrainConfig) -> None:
     _require(_is_signal(t.preempt_signal), f"train.preempt_signal: got {t.preempt_signal!r}, expected a signal "
              "name such as USR2, USR1, INT or HUP (TERM is always caught), or none")
     _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
+    _require(t.servers >= 1, f"train.servers: got {t.servers}, expected a positive number of server ranks")
 
 
 def _check_code(c: CodeConfig) -> None:
@@ -427,17 +430,49 @@ def _check_scheme(cfg: Config, scheme: Any) -> None:
                  f"train.backup_workers: got {t.backup_workers} with code.n={c.n}, expected 0 <= backup_workers < n "
                  "(at least one worker's result is needed each round)")
     if scheme.shards_batch:
-        _require(cfg.data.batch_size >= c.n,
-                 f"data.batch_size: got {cfg.data.batch_size} with code.n={c.n} workers, expected at least one "
-                 f"sample per worker (batch_size >= {c.n}); shards differ by at most one sample when n does not "
-                 "divide it")
+        workers = c.n * t.servers
+        who = (f"code.n={c.n} workers" if t.servers == 1
+               else f"{workers} workers (train.servers={t.servers} x code.n={c.n})")
+        _require(cfg.data.batch_size >= workers,
+                 f"data.batch_size: got {cfg.data.batch_size} with {who}, expected at least one "
+                 f"sample per worker (batch_size >= {workers}); shards differ by at most one sample when the "
+                 "workers do not divide it")
+    _check_servers(cfg, scheme)
     if scheme.mpi:
+        workers = worker_ranks(c.n, t.servers)
         for r in s.ranks:
-            _require(1 <= r <= c.n, f"stragglers.ranks: got rank {r}, expected worker ranks 1..{c.n}")
-        _require(s.count <= c.n, f"stragglers.count: got {s.count}, expected <= n = {c.n}")
+            _require(r in workers, f"stragglers.ranks: got rank {r}, expected worker ranks {describe_ranks(workers)}")
+        _require(s.count <= len(workers), f"stragglers.count: got {s.count}, expected <= {len(workers)} workers")
     from psframework.settings import straggler_spec
 
     straggler_spec(cfg)  # the straggler model checks its own parameters
+
+
+def worker_ranks(n: int, servers: int) -> list:
+    """Return the world ranks of the workers: G groups of one server and n workers, servers at g*(n+1)."""
+    return [g * (n + 1) + 1 + j for g in range(servers) for j in range(n)]
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """Return ranks as short text: 1..4, or 1..3, 5..7 for several groups."""
+    runs: List[List[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in runs)
+
+
+def _check_servers(cfg: Config, scheme: Any) -> None:
+    """Check train.servers against the scheme: several servers need an MPI scheme and enough batch."""
+    g = cfg.train.servers
+    if g == 1:
+        return
+    _require(scheme.mpi, f"train.servers: got {g} for scheme {scheme.name}, which runs in one process; "
+             "expected 1 (several servers belong to the MPI schemes)")
+    _require(cfg.data.batch_size >= g, f"data.batch_size: got {cfg.data.batch_size} with train.servers={g}, "
+             f"expected at least one sample per server (batch_size >= {g})")
 
 
 def _check_comm(c: CommConfig) -> None:

@@ -125,7 +125,7 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
     if not args or args[0] != "train" or len(args) < 2:
         return None, args
     from psframework.config import ConfigError, load_config
-    from psframework.schemes.registry import get_scheme
+    from psframework.schemes.registry import world_size_of
     from psframework.sweep import point_arguments
 
     try:
@@ -135,7 +135,7 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
         raise LaunchError(str(exc)) from None
     if env.get("SLURM_RESTART_COUNT", "0") not in ("", "0") and not any(a.startswith("train.resume=") for a in args):
         args.append("train.resume=auto")
-    return get_scheme(cfg.scheme).world_size(cfg.code.n), args
+    return world_size_of(cfg), args
 
 
 def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[str, str]) -> List[str]:

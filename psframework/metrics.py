@@ -30,22 +30,26 @@ class RunRecorder:
 
     Lines go to metrics.jsonl.partial, renamed to metrics.jsonl when the run ends. The newest row is
     held back until the next one (an evaluation or sync may still add fields to it). A run resumed
-    in place keeps the earlier rows up to its checkpoint's iteration (`keep_until`).
+    in place keeps the earlier rows up to its checkpoint's iteration (`keep_until`). Without a run
+    directory (a server other than the lead) it writes nothing and keeps the running sums.
     """
 
-    def __init__(self, run_dir: str, config_yaml: str, keep_until: Optional[int] = None):
+    def __init__(self, run_dir: Optional[str], config_yaml: str, keep_until: Optional[int] = None):
         self.run_dir = run_dir
+        self._pending: Optional[Dict[str, Any]] = None
+        self._sums: Dict[str, List[float]] = {}  # key -> [sum, count, first value]
+        self.start = time.perf_counter()
+        self._fh: Optional[TextIO] = None
+        if run_dir is None:  # a server other than the lead: running sums only, no files
+            return
         os.makedirs(run_dir, exist_ok=True)
         atomic_write_text(os.path.join(run_dir, "config.yaml"), config_yaml)
         self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
         self._partial_path = self.metrics_path + ".partial"
         earlier = self._set_aside_earlier_rows() if keep_until is not None else None
-        self._fh: Optional[TextIO] = open(self._partial_path, "w", encoding="utf-8")
+        self._fh = open(self._partial_path, "w", encoding="utf-8")
         if earlier is not None:
             self._copy_rows(earlier, keep_until)
-        self._pending: Optional[Dict[str, Any]] = None
-        self._sums: Dict[str, List[float]] = {}  # key -> [sum, count, first value]
-        self.start = time.perf_counter()
 
     def _set_aside_earlier_rows(self) -> Optional[str]:
         """Move the earlier run's metrics (the partial file of a run that stopped, else the final one) aside."""
@@ -80,7 +84,7 @@ class RunRecorder:
                 sums[1] += 1
 
     def _flush_pending(self) -> None:
-        if self._pending is not None:
+        if self._pending is not None and self.run_dir is not None:
             assert self._fh is not None, "recorder already closed"
             self._fh.write(json.dumps(self._pending, sort_keys=False) + "\n")
             self._fh.flush()
@@ -94,6 +98,8 @@ class RunRecorder:
     def suspend(self) -> None:
         """Write every row and close, leaving metrics.jsonl.partial for a resume in place to go on from."""
         self._flush_pending()
+        if self.run_dir is None:
+            return
         assert self._fh is not None, "recorder already closed"
         os.fsync(self._fh.fileno())
         self._fh.close()
@@ -102,9 +108,11 @@ class RunRecorder:
     def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
         """Complete metrics.jsonl and write summary.json atomically; return the summary."""
         self.suspend()
-        os.replace(self._partial_path, self.metrics_path)
         summary = dict(summary)
         summary.setdefault("wall_s", self.elapsed())
+        if self.run_dir is None:
+            return summary
+        os.replace(self._partial_path, self.metrics_path)
         atomic_write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
 

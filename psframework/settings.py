@@ -74,6 +74,7 @@ class RunSettings:
     resume_force: bool = False  # resume although the checkpoint's settings differ
     overwrite: bool = False  # replace a run directory that already holds a run
     preempt_signal: str = "USR2"  # the signal that makes the run checkpoint and stop ("none": SIGTERM only)
+    servers: int = 1  # server ranks G, each leading a group of code.n workers
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,11 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
     from psframework.schemes.registry import get_scheme
 
     if world_size is not None:
-        get_scheme(cfg.scheme).check_world(cfg.code.n, world_size)
+        get_scheme(cfg.scheme).check_world(cfg.code.n, world_size, cfg.train.servers)
     t, c = cfg.train, cfg.comm
     run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
-                      cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal)
+                      cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
                                   c.progress_thread)

@@ -71,7 +71,7 @@ def point_name(overrides: Sequence[str]) -> str:
 
 def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], repeat: int, name: str) -> Sweep:
     """Expand the grid (times the repeats) into points, each checked as a full config; raise ConfigError."""
-    from psframework.schemes.registry import get_scheme
+    from psframework.schemes.registry import world_size_of
 
     base = load_config(config, overrides)
     sweep = Sweep(name, os.path.abspath(config), list(overrides), grid, repeat)
@@ -84,7 +84,7 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
                 cfg = load_config(config, overrides + point)
             except ConfigError as exc:
                 raise ConfigError(f"psf sweep: point {point_name(point)}: {exc}") from None
-            world = get_scheme(cfg.scheme).world_size(cfg.code.n)
+            world = world_size_of(cfg)
             label = point_name(list(combo) + ([f"seed={r}"] if repeat > 1 else []))
             sweep.points.append(Point(label, point, r if repeat > 1 else None, label, world))
     return sweep

@@ -169,10 +169,10 @@ def setting_of(cfg: Any) -> Dict[str, Any]:
 def case_inputs(case: Case, extra: Sequence[str]) -> Dict[str, Any]:
     """Return what a case ran with: role, config, MPI ranks, its own overrides and the resolved setting."""
     from psframework.config import load_config
-    from psframework.schemes import get_scheme
+    from psframework.schemes.registry import world_size_of
 
     cfg = load_config(case.config, list(case.overrides) + list(extra))
-    return {"role": case.role, "config": case.config, "ranks": get_scheme(cfg.scheme).world_size(cfg.code.n),
+    return {"role": case.role, "config": case.config, "ranks": world_size_of(cfg),
             "overrides": list(case.overrides), "setting": setting_of(cfg)}
 
 

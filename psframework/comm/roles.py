@@ -1,4 +1,11 @@
-"""Roles of the ranks: rank 0 is the server, ranks 1..n are workers with their own communicator."""
+"""Roles of the ranks: G groups of one server and n workers; rank 0 is the lead server.
+
+Group g holds world ranks g*(n+1) .. g*(n+1)+n: its server first, then worker j = 0..n-1 (packet
+index j). Every group has its own communicator in which its server is rank 0 and its workers 1..n,
+so the rounds of one group are the rounds of a one-server job. Across groups, the servers share a
+communicator (rank g = group g) and so do the G workers of each packet index (their coded weights
+are one packet); every worker of the job shares one more (data-parallel reductions).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,11 @@ SERVER = 0
 
 @dataclass(frozen=True)
 class Roles:
-    """This rank's role, the worker ranks and the worker-only communicator (COMM_NULL on the server)."""
+    """This rank's role in its group, the group's worker ranks and the communicators across groups.
+
+    `comm`, `rank`, `size`, `workers` and `workers_comm` are the group's (with one group, the job's);
+    `world_rank` and `groups` place the group in the job. A communicator this rank is not part of is COMM_NULL.
+    """
 
     comm: Any
     rank: int
@@ -20,11 +31,23 @@ class Roles:
     workers: Tuple[int, ...]
     workers_comm: Any
     server: int = SERVER
+    world: Any = None  # the job's communicator
+    world_rank: int = 0
+    group: int = 0
+    groups: int = 1
+    servers_comm: Any = None  # the G servers (only with G > 1)
+    packet_comm: Any = None  # the G workers of this packet index (only with G > 1)
+    all_workers_comm: Any = None  # every worker of every group (only with G > 1)
 
     @property
     def is_server(self) -> bool:
-        """Return whether this rank is the server."""
+        """Return whether this rank is a server."""
         return self.rank == self.server
+
+    @property
+    def is_lead(self) -> bool:
+        """Return whether this rank is the lead server (world rank 0)."""
+        return self.world_rank == 0
 
     @property
     def is_worker(self) -> bool:
@@ -33,27 +56,49 @@ class Roles:
 
     @property
     def n_workers(self) -> int:
-        """Return the number of workers."""
+        """Return the number of workers of this group."""
         return len(self.workers)
 
     @property
     def worker_index(self) -> int:
-        """Return this worker's index 0..n-1 (its rank in workers_comm); -1 on the server."""
+        """Return this worker's index 0..n-1 in its group (its packet index); -1 on a server."""
         return self.rank - 1 if self.is_worker else -1
 
+    @property
+    def job_workers(self) -> Tuple[int, ...]:
+        """Return the world ranks of every worker of every group."""
+        return tuple(g * self.size + r for g in range(self.groups) for r in self.workers)
+
+    def world_rank_of(self, rank: int, group: int = -1) -> int:
+        """Return the world rank of a rank of a group's communicator (this rank's group by default)."""
+        return (self.group if group < 0 else group) * self.size + rank
+
     def free(self) -> None:
-        """Free the worker-only communicator."""
-        if self.workers_comm != MPI.COMM_NULL:
-            self.workers_comm.Free()
+        """Free the communicators made for this job's roles (the servers' own: see comm.collective.Peers.free)."""
+        made = [self.workers_comm, self.packet_comm, self.all_workers_comm]
+        if self.groups > 1:
+            made.append(self.comm)
+        for comm in made:
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
 
 
-def setup_roles(comm: Any = None) -> Roles:
-    """Split the communicator into the server (rank 0) and the workers; collective over comm."""
+def setup_roles(comm: Any = None, groups: int = 1) -> Roles:
+    """Split the communicator into `groups` groups of a server and its workers; collective over comm."""
     comm = MPI.COMM_WORLD if comm is None else comm
     size, rank = comm.Get_size(), comm.Get_rank()
-    if size < 2:
-        raise ValueError(f"world size: got {size}, expected at least 2 MPI processes (1 server + n workers); "
-                         "launch with mpiexec -n N python -m mpi4py -m psframework ...")
-    color = MPI.UNDEFINED if rank == SERVER else 0
-    workers_comm = comm.Split(color, rank)
-    return Roles(comm, rank, size, tuple(range(1, size)), workers_comm)
+    if size < 2 * groups or size % groups:
+        raise ValueError(f"world size: got {size}, expected {groups} groups of 1 server + n workers "
+                         f"(a multiple of {groups}, at least {2 * groups}); launch with mpiexec -n G*(n+1) "
+                         "python -m mpi4py -m psframework ...")
+    group_size = size // groups
+    group, local = divmod(rank, group_size)
+    group_comm = comm if groups == 1 else comm.Split(group, rank)
+    workers_comm = group_comm.Split(MPI.UNDEFINED if local == SERVER else 0, local)
+    across = dict(servers_comm=None, packet_comm=None, all_workers_comm=None)
+    if groups > 1:
+        across["servers_comm"] = comm.Split(0 if local == SERVER else MPI.UNDEFINED, rank)
+        across["packet_comm"] = comm.Split(MPI.UNDEFINED if local == SERVER else local, rank)
+        across["all_workers_comm"] = comm.Split(MPI.UNDEFINED if local == SERVER else 0, rank)
+    return Roles(group_comm, local, group_size, tuple(range(1, group_size)), workers_comm, SERVER, comm, rank,
+                 group, groups, **across)

@@ -135,7 +135,7 @@ class RoundClock:
 class Membership:
     """Which workers rank 0 has left out, and when each was detached and readmitted."""
 
-    detach_after: int = 2  # iterations a worker's oldest kept-back message may age before it is detached
+    detach_after: Optional[int] = 2  # iterations a worker's oldest kept-back message may age before it is detached
     needed: int = 1  # workers a round cannot do without
     detached: Dict[int, int] = field(default_factory=dict)  # rank -> iteration it was detached at
     log: List[Dict[str, Any]] = field(default_factory=list)
@@ -164,7 +164,7 @@ class ServerRounds:
     """
 
     def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
-                 detach_after: int = 2, say: Callable[[str], None] = print,
+                 detach_after: Optional[int] = 2, say: Callable[[str], None] = print,
                  lost: Callable[[], bool] = lambda: False) -> None:
         self.transport = transport
         self.workers = list(workers)
@@ -177,6 +177,11 @@ class ServerRounds:
         self.iteration = 0
         self.say = say
         self.rank_died = lost  # whether the process manager said that a rank of the job died
+
+    @property
+    def job_workers(self) -> Sequence[int]:
+        """Return the ranks in the job of every worker of every group (straggler models name workers so)."""
+        return self.workers if self.roles is None else self.roles.job_workers
 
     @property
     def live(self) -> List[int]:
@@ -237,6 +242,8 @@ class ServerRounds:
 
     def detach_laggards(self, ranks: Sequence[int]) -> None:
         """Detach every rank whose oldest kept-back message is more than `detach_after` iterations old."""
+        if self.members.detach_after is None:
+            return
         for rank in ranks:
             oldest = self.transport.oldest_kept(rank)
             if oldest is not None and self.iteration - oldest >= self.members.detach_after:
@@ -383,10 +390,11 @@ class WorkerRounds:
     """
 
     def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0,
-                 patience: float = 2.0, progress_thread: Any = None) -> None:
+                 patience: float = 2.0, progress_thread: Any = None, across: Any = None) -> None:
         self.transport = transport
         self.roles = roles
         self.peers = peers  # the worker-to-worker transport, where the scheme has one
+        self.across = across  # with several groups: the workers of this packet index in every group (Peers)
         self.server = server
         self.index = roles.worker_index
         self.report = WorkerReport()
@@ -416,8 +424,13 @@ class WorkerRounds:
 
     @property
     def rank(self) -> int:
-        """Return this worker's rank."""
-        return self.roles.rank
+        """Return this worker's rank in the job (straggler models and freezes name workers so)."""
+        return self.roles.world_rank
+
+    @property
+    def job_workers(self) -> Sequence[int]:
+        """Return the ranks in the job of every worker of every group."""
+        return self.roles.job_workers
 
     def announced(self) -> Any:
         """Return what the server announced at the start (a collective broadcast)."""

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
@@ -24,6 +24,8 @@ class Node:
     threads: Any = None  # the ThreadPlan of this rank
     device: str = "cpu"  # the torch device this rank computes on (its bound GPU is the current one)
     device_note: Optional[str] = None  # why `device: auto` fell back to the CPU, if it did
+    across: Optional[Any] = None  # with several groups: this rank's Peers across groups (servers, or packet j)
+    all_workers: Optional[Any] = None  # with several groups, on workers: every worker of the job
 
     def wants_progress_thread(self) -> bool:
         """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
@@ -69,33 +71,55 @@ class LossNotice:
 LOSS = LossNotice()
 
 
-def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu") -> Node:
-    """Split the job into server and workers, bind the GPU, plan threads and open the transports (collective).
+def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu",
+               groups: int = 1) -> Node:
+    """Split the job into `groups` groups of a server and its workers, bind the GPU, plan threads and open
+    the transports (collective).
 
     `device` is the `device` setting (cpu, cuda, auto); received tensors land on the chosen device.
     """
     from psframework.comm import Transport, setup_roles
+    from psframework.comm.transport import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
     from psframework.runtime.threads import configure_threads
 
     LOSS.install()
-    roles = setup_roles(comm)
-    chosen, note = select_device(device, roles.comm)
-    plan = configure_threads(roles.comm, threads=settings.threads or None)
+    roles = setup_roles(comm, groups)
+    chosen, note = select_device(device, roles.world)
+    plan = configure_threads(roles.world, threads=settings.threads or None)
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
         set_decode_threads(plan.threads)
+    poll_sleep_s = auto_poll_sleep(roles.world)  # from the whole job's ranks on this node, not one group's
 
     def transport(on: Any, paced: bool) -> Any:
         return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s,
                          send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us),
-                         window=settings.window if paced else None, device=chosen)
+                         window=settings.window if paced else None, device=chosen, poll_sleep_s=poll_sleep_s)
 
     # Rank 0 and workers sending to peers pace their messages: any worker may stop taking them (frozen,
     # descheduled, dead). Rank 0 is never paced against: a stalled rank 0 stalls the run anyway.
     world = transport(roles.comm, paced=roles.is_server)
     worker_peers = transport(roles.workers_comm, paced=True) if (peers and roles.is_worker) else None
-    return Node(roles, world, worker_peers, settings, plan, chosen, note)
+    node = Node(roles, world, worker_peers, settings, plan, chosen, note)
+    if groups > 1:
+        node.across, node.all_workers = across_groups(roles, settings.timeout_s, poll_sleep_s)
+    return node
+
+
+def across_groups(roles: Any, timeout_s: float, poll_sleep_s: float) -> Tuple[Any, Optional[Any]]:
+    """Return this rank's peers across groups (the servers, or the holders of its packet) and, on workers,
+    every worker of the job."""
+    from psframework.comm.collective import Peers
+
+    n = roles.size - 1
+    if roles.is_server:
+        names = [g * roles.size for g in range(roles.groups)]
+        return Peers(roles.servers_comm, names, timeout_s, poll_sleep_s), None
+    packet = [g * roles.size + roles.rank for g in range(roles.groups)]
+    every = [g * roles.size + 1 + j for g in range(roles.groups) for j in range(n)]
+    return (Peers(roles.packet_comm, packet, timeout_s, poll_sleep_s),
+            Peers(roles.all_workers_comm, every, timeout_s, poll_sleep_s))
 
 
 def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,

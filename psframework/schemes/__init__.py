@@ -50,32 +50,50 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     from psframework.runtime.node import LOSS, start_node
 
     relay = scheme.coded and settings.transport.dissemination == "relay"
-    node = start_node(settings.transport, comm, peers=relay, device=settings.device)
-    if node.device_note and node.roles.is_server:
+    groups = settings.run.servers
+    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=groups)
+    if node.device_note and node.roles.is_lead:
         print(node.device_note, flush=True)
     if node.roles.is_server:
+        from psframework.schemes.groups import ServerGroup
+
         link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
-                            detach_after=settings.transport.detach_after, lost=LOSS)
-        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link))
+                            detach_after=_detach_after(settings, scheme), lost=LOSS)
+        group = ServerGroup(node.across, node.roles.group, groups) if groups > 1 else None
+        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link, group))
         _agree_or_close(comm, outcome, opening)
         from psframework.schemes.driver import run_server
 
-        return run_server(settings, side, opening, node.roles.size)
+        return run_server(settings, side, opening, node.roles.world.Get_size())
     worker = scheme.load(scheme.worker)
-    side, outcome = attempt(lambda: worker(settings, WorkerRounds(node.transport, node.roles, node.peers)))
+    link = WorkerRounds(node.transport, node.roles, node.peers, across=node.across)
+    side, outcome = attempt(lambda: worker(settings, link))
     agree(comm, outcome)
     _run_worker(settings, side, node)
     return None
 
 
-def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any = None) -> Any:
-    """Build rank 0's side with its problem and restore the checkpoint it resumes from."""
+def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any = None, group: Any = None) -> Any:
+    """Build a server's side with its problem and restore the checkpoint it resumes from (the lead's)."""
     from psframework.schemes.common import build_problem
     from psframework.schemes.driver import Problem, resume
 
     side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
+    side.group = group
     resume(side, opening.checkpoint)
     return side
+
+
+def _detach_after(settings: Settings, scheme: Scheme) -> Optional[int]:
+    """Return how far a worker may lag before its server detaches it; None: never.
+
+    With several groups, DEU workers sum their coded gradients with the workers of the same packet
+    in the other groups every update: a worker that skipped ahead would pair its sums with the wrong
+    iteration's, so the holders of a packet move in step and a slow one is waited for, not detached.
+    """
+    if settings.run.servers > 1 and scheme.linear_conv_optimizer:
+        return None
+    return settings.transport.detach_after
 
 
 def _agree_or_close(comm: Any, outcome: Any, opening: Any) -> None:
@@ -98,7 +116,7 @@ def _run_worker(settings: Settings, side: Any, node: Any) -> None:
 
     progress = start_progress_thread(node.wants_progress_thread())
     side.link.progress_thread = progress
-    freezer = start_freezer(settings.stragglers, node.roles.rank)
+    freezer = start_freezer(settings.stragglers, node.roles.world_rank)
     try:
         run_worker(settings, side)
     finally:

@@ -26,6 +26,7 @@ from psframework.schemes.coded_parts import (BACKWARD, FORWARD, Dissemination, a
                                              conv_state_shapes, conv_state_tensors, flatten, rel_diff, unflatten,
                                              worker_state_shapes)
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, scale_lr
+from psframework.schemes.groups import part_size, start_sum
 from psframework.schemes.driver import Event, Problem, Schedule, ServerSide, StepResult, SYNC, STOP, WorkerSide
 from psframework.settings import Settings
 
@@ -48,7 +49,7 @@ class CodedServerBase(ServerSide):
         self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
         self.conv_modules = [dict(self.model.named_modules())[n] for n in self.placement.coded_names]
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
-        self.stragglers = Stragglers(settings.stragglers, link.workers)
+        self.stragglers = Stragglers(settings.stragglers, link.job_workers)
         if settings.code.subsets == "rotate":
             link.rotate_subsets(self.k)
         link.require(self.k)
@@ -78,10 +79,13 @@ class CodedServerBase(ServerSide):
     def step(self, step: Step) -> StepResult:
         self.iteration, self.encode_s, self.core.decode_s = step.iteration, 0.0, 0.0
         self.link.begin_iteration()
-        loss = self.core.step(*self.problem.dataset.train.fetch(step.indices), self)
+        if self.group is not None:
+            self.group.begin(len(step.indices))
+        loss = self.core.step(*self.problem.dataset.train.fetch(self.batch_indices(step)), self, self.group)
         timings = {**self.link.clock.timings, "encode_s": self.encode_s, "decode_s": self.core.decode_s}
         delays = {str(r): f for r, f in self.stragglers.factors(step.iteration).items() if f}
-        return StepResult(loss, timings, {**self.link.iteration_fields(), "straggler_delays": delays})
+        return StepResult(loss, timings, {**self.link.iteration_fields(), **self.group_fields(),
+                                          "straggler_delays": delays})
 
     # The exchange CodedServer.step drives: one round per conv layer and pass.
     def forward(self, layer: int, x: torch.Tensor) -> Dict[int, torch.Tensor]:
@@ -190,9 +194,10 @@ class CodedWorkerBase(WorkerSide):
         self.j, self.k = link.index, self.code.k
         self.placement = placement_of(settings)
         self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        self.shapes = activation_shapes(self.placement, settings.data.batch_size)
+        roles = link.roles
+        self.shapes = activation_shapes(self.placement, part_size(settings.data.batch_size, roles.group, roles.groups))
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
-        self.stragglers = Stragglers(settings.stragglers, link.workers)
+        self.stragglers = Stragglers(settings.stragglers, link.job_workers)
         self.order = self.command_order()
         self.schedule: Optional[Schedule] = None
 
@@ -295,12 +300,21 @@ class CodedWorkerSide(CodedWorkerBase):
             mw, mb = next(state), next(state) if coding.has_bias else None
             weights.append(encode_layer(coding, self.code, w, b, self.j)[0])
             buffers.append(encode_layer(coding, self.code, mw, mb, self.j)[0])
+        reduce = None if self.link.across is None else self.packet_sum
         self.worker = CodedWorker(self.j, self.code, self.codings, weights, o.lr, o.momentum, o.nesterov,
-                                  o.weight_decay)
+                                  o.weight_decay, reduce)
         if o.momentum > 0:
             for opt, w, m in zip(self.worker.optimizers, weights, buffers):
                 for tensor, buf in zip(w.tensors(), m.tensors()):
                     opt.state[tensor]["momentum_buffer"] = buf.clone()
+
+    def packet_sum(self, grads: torch.Tensor) -> Any:
+        """Start summing a coded gradient with the workers of this packet in the other groups."""
+        return start_sum(self.link.across, grads, f"the coded gradient sum of packet {self.j}", self.link.progress)
+
+    def close(self) -> None:
+        """Apply the updates whose sums are still in flight (no collective may outlive the run)."""
+        self.worker.settle()
 
     def sync(self, iteration: int) -> None:
         """Send the server this worker's coded tensors and momentum."""

@@ -9,7 +9,8 @@ in-process one, so the arithmetic is checked against the reference trainer witho
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from contextlib import nullcontext
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_f
                                               coded_weight_grads, encode_layer)
 
 FORWARD, BACKWARD = 0, 1  # the two passes of a coded layer
+Reduce = Callable[[torch.Tensor], Callable[[], torch.Tensor]]  # start a sum; the callable it returns waits for it
 
 
 class Exchange(Protocol):
@@ -38,8 +40,12 @@ class CodedWorker:
     """Worker j: holds packet j of every conv layer's row- and column-coded weights and updates them."""
 
     def __init__(self, j: int, code: Code, codings: List[LayerCoding], weights: List[CodedWeights],
-                 lr: float, momentum: float, nesterov: bool, weight_decay: float):
+                 lr: float, momentum: float, nesterov: bool, weight_decay: float, reduce: Optional[Reduce] = None):
         self.j = j
+        # With several groups: start summing a layer's coded gradient with the other holders of packet j;
+        # the step waits for the sum until the layer's weights are next needed (its next forward).
+        self.reduce = reduce
+        self.pending: Dict[int, Tuple[Callable[[], torch.Tensor], List[torch.Size]]] = {}
         self.code = code
         self.codings = codings
         self.weights = weights
@@ -52,6 +58,7 @@ class CodedWorker:
 
     def on_forward(self, layer: int, x: torch.Tensor, reply: bool = True) -> Optional[torch.Tensor]:
         """Keep X_{l-1} for the update; return the coded output unless the reply is stale."""
+        self.settle(layer)
         self.inputs[layer] = x
         if not reply:
             return None
@@ -70,10 +77,28 @@ class CodedWorker:
         if coded and coding.has_column_copy:
             raise ValueError(f"layer {layer}: a coded output gradient only updates a layer without a column copy")
         grads = coded_weight_grads(coding, self.code, self.j, self._input(layer), dy, w, coded=coded)
-        for t, g in zip(w.tensors(), grads):
+        self.inputs[layer] = None
+        if self.reduce is None:
+            self._step(layer, grads)
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.pending[layer] = (self.reduce(flat), [g.shape for g in grads])
+
+    def settle(self, layer: Optional[int] = None) -> None:
+        """Apply the updates whose gradient sums are in flight: one layer's, or every layer's."""
+        for index in sorted(self.pending) if layer is None else [layer]:
+            if index in self.pending:
+                finish, shapes = self.pending.pop(index)
+                total, grads, offset = finish(), [], 0
+                for shape in shapes:
+                    grads.append(total[offset:offset + shape.numel()].view(shape))
+                    offset += shape.numel()
+                self._step(index, grads)
+
+    def _step(self, layer: int, grads: Sequence[torch.Tensor]) -> None:
+        for t, g in zip(self.weights[layer].tensors(), grads):
             t.grad = g
         self.optimizers[layer].step()
-        self.inputs[layer] = None
 
     def _input(self, layer: int) -> torch.Tensor:
         x = self.inputs[layer]
@@ -82,7 +107,8 @@ class CodedWorker:
         return x
 
     def state(self) -> List[torch.Tensor]:
-        """Return the coded tensors and their momentum buffers, layer by layer."""
+        """Return the coded tensors and their momentum buffers, layer by layer (every update applied)."""
+        self.settle()
         out: List[torch.Tensor] = []
         for w, opt in zip(self.weights, self.optimizers):
             for t in w.tensors():
@@ -133,18 +159,27 @@ class CodedServer:
         self.decode_s += time.perf_counter() - t0
         return out
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, exchange: Exchange) -> float:
-        """Run one iteration on the global batch (x, y); return the loss."""
+    def step(self, x: torch.Tensor, y: torch.Tensor, exchange: Exchange, group: Any = None) -> float:
+        """Run one iteration on the global batch (x, y), or with a server group on its part; return the loss.
+
+        With a group (schemes.groups.ServerGroup) the loss is this part's share of the global batch's
+        mean, BatchNorm uses the whole batch's statistics, and rank 0's gradients are summed over the servers.
+        """
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         session = _Rounds(self, exchange)
-        with remote_convs(self.model, self.placement.coded_names, session):
-            loss = F.cross_entropy(self.model(x), y)
+        with remote_convs(self.model, self.placement.coded_names, session), \
+                (nullcontext() if group is None else group.batchnorm(self.model)):
+            scores = self.model(x)
+            loss = F.cross_entropy(scores, y) if group is None else group.loss(scores, y)
             loss.backward()
         session.finish()
+        value = float(loss.detach())
+        if group is not None:
+            value = group.sum_gradients(self.optimizers, value)
         for opt in self.optimizers:
             opt.step()
-        return float(loss.detach())
+        return value
 
 
 class _Rounds:

@@ -14,6 +14,7 @@ from torch import nn
 from psframework.models import Placement
 from psframework.schemes.coded_core import tensor_names
 from psframework.schemes.coded_layers import LayerCoding, layer_codings
+from psframework.schemes.groups import part_size, sync_bytes
 from psframework.settings import CodeSettings, Settings
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -124,8 +125,10 @@ def activation_shapes(placement: Placement, batch: int) -> Dict[tuple, tuple]:
     return shapes
 
 
-def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement) -> Tuple[int, int]:
-    """Return the payload bytes rank 0 sends and receives per iteration of sazd, poly or uncoded: (sent, received).
+def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
+                          group: int = 0) -> Tuple[int, int]:
+    """Return the payload bytes a group's server sends to and receives from its workers per iteration of sazd,
+    poly or uncoded: (sent, received). With several groups a server handles its part of the batch.
 
     Per coded convolution: the input to every worker (a whole tensor, or with relay one packet of its
     bits) and every worker's row-coded output; backward, the output gradient to every worker (a layer
@@ -133,7 +136,7 @@ def expected_server_bytes(settings: Settings, model: nn.Module, placement: Place
     is counted, also those that come after the first k (they are received, then dropped).
     """
     code = code_of(settings.code)
-    n, batch = code.n, settings.data.batch_size
+    n, batch = code.n, part_size(settings.data.batch_size, group, settings.run.servers)
     codings = layer_codings(placement, code.k, settings.code.symbol_size)
     shapes = activation_shapes(placement, batch)
     dissemination = Dissemination(settings.transport.dissemination, settings.code)
@@ -149,3 +152,15 @@ def expected_server_bytes(settings: Settings, model: nn.Module, placement: Place
         else:
             sent += n * rows
     return 4 * sent, 4 * received
+
+
+def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:
+    """Return the payload bytes a server sums with the others per iteration of a coded scheme with several groups.
+
+    Every parameter rank 0 steps (all but the coded convolutions where the workers hold them, DEU)
+    and the BatchNorm sums: see groups.sync_bytes.
+    """
+    from psframework.schemes.registry import get_scheme
+
+    held = placement.worker_parameter_names() if get_scheme(settings.run.scheme).linear_conv_optimizer else ()
+    return sync_bytes(model, held)

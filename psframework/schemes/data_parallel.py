@@ -156,7 +156,7 @@ class DataParallelWorker(WorkerSide):
         self.dataset, self.model = build_problem(settings)  # rank 0's parameters overwrite the model
         self.model.train()
         self.j, self.n = link.index, len(link.workers)
-        self.stragglers = Stragglers(settings.stragglers, link.workers)
+        self.stragglers = Stragglers(settings.stragglers, link.job_workers)
 
     def start(self, schedule: Schedule) -> None:
         """Announce this worker's shard of every remaining batch, so that a streamed dataset reads ahead."""

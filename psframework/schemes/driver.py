@@ -121,6 +121,7 @@ class ServerSide(ABC):
     """Rank 0's part of a scheme (or the whole of a single-process scheme)."""
 
     fetches_batches = True  # whether rank 0 loads every global batch (data-parallel servers need labels only)
+    group: Any = None  # with several servers: this server's schemes.groups.ServerGroup
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
         self.settings, self.problem, self.link = settings, problem, link
@@ -130,6 +131,23 @@ class ServerSide(ABC):
     def model(self) -> torch.nn.Module:
         """Return the model rank 0 trains."""
         return self.problem.model
+
+    @property
+    def lead(self) -> bool:
+        """Return whether this side is the lead server (rank 0): it evaluates, checkpoints and records."""
+        return self.group is None or self.group.lead
+
+    def batch_indices(self, step: Step) -> Any:
+        """Return the samples of `step` this server computes on: the global batch, or its group's part."""
+        return step.indices if self.group is None else self.group.part(step.indices)
+
+    def group_fields(self) -> Dict[str, Any]:
+        """Return the iteration's fields of the sums among the servers (none with one server)."""
+        return {} if self.group is None else self.group.fields()
+
+    def stop_requested(self) -> bool:
+        """Return whether a preemption signal asks the run to stop (on any server, with several)."""
+        return FLAG.requested() if self.group is None else self.group.stop
 
     def describe(self) -> str:
         """Return what the start-up line says about the scheme."""
@@ -207,12 +225,13 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     """Train as rank 0 (or the single process); write the run directory and return the summary."""
     problem, run = side.problem, settings.run
     num_train = len(problem.dataset.train)
-    schedule = make_schedule(settings, num_train, opening.start)
+    schedule = make_schedule(settings, num_train, share_start(side, opening))
     if side.link is not None:
         side.link.announce((schedule.start, num_train))
     side.start(schedule)
-    recorder = RunRecorder(run.run_dir, settings.config_yaml, schedule.start if opening.in_place else None)
-    progress = Progress(schedule.total - schedule.start, run.progress)
+    recorder = RunRecorder(run.run_dir if side.lead else None, settings.config_yaml,
+                           schedule.start if opening.in_place else None)
+    progress = Progress(schedule.total - schedule.start, run.progress if side.lead else "off")
     if opening.forced:
         print(f"psf: warning: resuming from {opening.checkpoint.path} although its settings differ "
               f"(train.resume_force): {'; '.join(opening.forced)}", file=sys.stderr, flush=True)
@@ -222,7 +241,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     final: Dict[str, Any] = {"final_test_accuracy": None, "final_test_loss": None}
     problem.model.train()
     if side.fetches_batches:
-        problem.dataset.train.prefetch(step.indices for step in steps(settings, num_train, schedule))
+        problem.dataset.train.prefetch(side.batch_indices(step) for step in steps(settings, num_train, schedule))
     for step in steps(settings, num_train, schedule):
         if side.link is not None:
             side.link.start_iteration(step.iteration, side.readmission_state)
@@ -230,14 +249,29 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
-        if FLAG.requested() and step.iteration < schedule.total:
+        if side.stop_requested() and step.iteration < schedule.total:
             stop_early(settings, side, schedule, step.iteration, recorder)
     problem.dataset.close()  # stops a streamed dataset's loader processes
     fields = summary_fields(settings, side, schedule, recorder, world_size, final)
+    if not side.lead:
+        return None
     summary = recorder.finish({**fields, "resume_forced": opening.forced} if opening.forced else fields)
     progress.message(f"psf: done: test accuracy {summary['final_test_accuracy']:.4f}, {summary['wall_s']:.1f} s, "
                      f"mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, outputs in {run.run_dir}")
     return summary
+
+
+def share_start(side: ServerSide, opening: Any) -> int:
+    """Return the iteration the run starts after; with several servers, every server takes the lead's
+    model and scheme state (the lead alone read the checkpoint)."""
+    if side.group is None:
+        return opening.start
+    lead = (opening.start, side.model.state_dict(), side.state_dict()) if side.lead else None
+    start, model, state = side.group.peers.broadcast(lead)
+    if not side.lead:
+        side.model.load_state_dict(model)
+        side.load_state_dict(state)
+    return start
 
 
 def stop_early(settings: Settings, side: ServerSide, schedule: Schedule, iteration: int,
@@ -250,13 +284,15 @@ def stop_early(settings: Settings, side: ServerSide, schedule: Schedule, iterati
         side.link.stop_early(iteration)
     if not schedule.syncs(iteration):
         recorder.update_last(**side.sync(iteration, False))
-    if not schedule.checkpoints(iteration):
+    if side.lead and not schedule.checkpoints(iteration):
         write_checkpoints(settings, side, schedule, iteration)
     side.problem.dataset.close()
     if side.link is not None:
         side.link.finish(recorder, iteration)  # the workers answered the sync and stop now
     recorder.suspend()
-    raise Preempted(iteration, schedule.total, FLAG.name, os.path.join(settings.run.run_dir, "checkpoint.pt"))
+    # Another server may have had the signal: the preemption signal is then the likely one.
+    name = FLAG.name or settings.run.preempt_signal
+    raise Preempted(iteration, schedule.total, name, os.path.join(settings.run.run_dir, "checkpoint.pt"))
 
 
 def train_step(side: ServerSide, step: Step, recorder: RunRecorder) -> float:
@@ -281,6 +317,8 @@ def after_step(settings: Settings, side: ServerSide, schedule: Schedule, iterati
     fields = side.sync(iteration, schedule.verifies(iteration))
     recorder.update_last(**fields)
     extra = f"verify {fields['verify_max_rel_diff']:.1e} " if "verify_max_rel_diff" in fields else ""
+    if not side.lead:
+        return ""
     if schedule.evaluates(iteration):
         test = side.problem.dataset.test
         accuracy, loss = evaluate(side.model, test, settings.data.test_batch_size)
@@ -317,6 +355,9 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
     fields.update(side.finish())
     if side.link is not None:
         fields.update(side.link.finish(recorder, schedule.total))
+    if side.group is not None:
+        fields["servers"] = side.group.gather_servers(fields, recorder)
+        side.group.peers.free()
     return fields
 
 
@@ -347,8 +388,8 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
                     side.sync(stop_at)  # rank 0 checkpoints this iteration
                 break
         event = after
+    side.close()  # before the stop, which frees this rank's communicators: updates still in flight end here
     stopped = side.link.stop(stop_at)
-    side.close()
     if stopped < schedule.total:
         raise Preempted(stopped, schedule.total, FLAG.name)
 

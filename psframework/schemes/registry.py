@@ -29,7 +29,8 @@ class Scheme:
     server: str  # class of rank 0's side (the whole run, for a single-process scheme)
     worker: Optional[str] = None  # class of ranks 1..n; None: the scheme runs in one process
     code: Optional[str] = None  # erasure code of the conv layers: a kind of psframework.codes.make_code
-    byte_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes (sent, received)
+    byte_model: Optional[str] = None  # "module:function" (settings, model, placement, group) -> bytes (sent, received)
+    sync_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes summed among servers
     linear_conv_optimizer: bool = False  # workers keep coded weight copies: only a linear step keeps them exact
     k_equals_n: bool = False  # every worker is needed
     backup_workers: bool = False  # rank 0 may go on without the b slowest workers
@@ -56,25 +57,44 @@ class Scheme:
         module, _, name = attribute.rpartition(":")
         return getattr(importlib.import_module(module or self.module), name)
 
-    def expected_server_bytes(self, settings: Any, model: Any, placement: Any) -> Optional[Tuple[int, int]]:
-        """Return the analytic (sent, received) payload bytes of rank 0 per iteration, or None without a model."""
-        return None if self.byte_model is None else self.load(self.byte_model)(settings, model, placement)
+    def expected_server_bytes(self, settings: Any, model: Any, placement: Any,
+                              group: int = 0) -> Optional[Tuple[int, int]]:
+        """Return the analytic (sent, received) payload bytes per iteration between a group's server and the
+        workers (group 0: rank 0), or None without a byte model."""
+        if self.byte_model is None:
+            return None
+        return self.load(self.byte_model)(settings, model, placement, group)
 
-    def world_size(self, n: int) -> int:
-        """Return how many MPI processes the scheme needs for n workers."""
-        return n + 1 if self.mpi else 1
+    def expected_sync_bytes(self, settings: Any, model: Any, placement: Any) -> int:
+        """Return the analytic payload bytes each server sums with the other servers per iteration (0 with one)."""
+        if settings.run.servers == 1 or self.sync_model is None:
+            return 0
+        return self.load(self.sync_model)(settings, model, placement)
 
-    def check_world(self, n: int, world_size: int) -> None:
-        """Raise SchemeError unless the communicator's size fits n workers."""
-        want = self.world_size(n)
+    def world_size(self, n: int, servers: int = 1) -> int:
+        """Return how many MPI processes the scheme needs for `servers` groups of one server and n workers."""
+        return servers * (n + 1) if self.mpi else 1
+
+    def check_world(self, n: int, world_size: int, servers: int = 1) -> None:
+        """Raise SchemeError unless the communicator's size fits the servers and their n workers each."""
+        want = self.world_size(n, servers)
         if world_size == want:
             return
         if not self.mpi:
             raise SchemeError(f"world size {world_size}: scheme {self.name} runs in one process, "
                               f"not under mpiexec -n {world_size}")
+        if servers > 1:
+            raise SchemeError(f"world size {world_size} does not fit train.servers={servers} with code.n={n}: "
+                              f"scheme {self.name} needs G*(n+1) = {want} ranks ({servers} groups of 1 server + {n} "
+                              f"workers); launch with mpiexec -n {want}")
         other = f" or set code.n={world_size - 1}" if world_size > 1 else ""
         raise SchemeError(f"world size {world_size} does not fit code.n={n}: scheme {self.name} needs n+1 = {want} "
                           f"ranks (1 server + {n} workers); launch with mpiexec -n {want}{other}")
+
+
+def world_size_of(cfg: Any) -> int:
+    """Return how many MPI processes a config's run needs."""
+    return get_scheme(cfg.scheme).world_size(cfg.code.n, cfg.train.servers)
 
 
 _REGISTRY: Dict[str, Scheme] = {}
@@ -103,8 +123,10 @@ def get_scheme(name: str) -> Scheme:
     return scheme
 
 
+_CODED_SYNC = "psframework.schemes.coded_parts:expected_sync_bytes"
 _CODED = dict(module="psframework.schemes.coded", server="CodedServerSide", worker="CodedWorkerSide",
-              byte_model="psframework.schemes.coded_parts:expected_server_bytes", linear_conv_optimizer=True)
+              byte_model="psframework.schemes.coded_parts:expected_server_bytes", sync_model=_CODED_SYNC,
+              linear_conv_optimizer=True)
 _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True)
 
 register(Scheme("reference", "one process, whole model: the correctness oracle",
@@ -116,7 +138,8 @@ register(Scheme("stanza", "layer separation: conv stack on the workers (data par
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
                 code="shift-add", **_CODED))
 register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",
-                "psframework.schemes.sazd_naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add"))
+                "psframework.schemes.sazd_naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add",
+                sync_model=_CODED_SYNC))
 register(Scheme("poly", "polynomial (real Vandermonde) coded conv layers; any k of n", code="polynomial", **_CODED))
 register(Scheme("uncoded", "plain model parallel conv layers; every worker needed", code="split",
                 k_equals_n=True, **_CODED))
