@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 import typing
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.config import ConfigError, dump_config, load_config
@@ -24,6 +24,7 @@ EXIT_FAILURE = 1
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
+    "scaleout": "psframework.bench.scaleout",
     "schemes": "psframework.bench.schemes",
     "stragglers": "psframework.bench.stragglers",
 }
@@ -161,8 +162,19 @@ def cmd_check(args: argparse.Namespace) -> int:
                 check_memory(settings, role)
     except ConfigError as exc:
         return _fail(str(exc))
-    sys.stdout.write(dump_config(cfg))
+    sys.stdout.write(ranks_line(cfg) + dump_config(cfg))
     return 0
+
+
+def ranks_line(cfg: Any) -> str:
+    """Return the YAML comment that says how many MPI ranks the run needs, and how they divide."""
+    from psframework.schemes.registry import get_scheme, world_size_of
+
+    if not get_scheme(cfg.scheme).mpi:
+        return "# MPI ranks: 1 (one process)\n"
+    g, n = cfg.train.servers, cfg.code.n
+    groups = f"{g} x " if g > 1 else ""
+    return f"# MPI ranks: {world_size_of(cfg)} = {groups}(1 server + {n} workers)\n"
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:

@@ -145,6 +145,7 @@ class StragglerConfig:
 class EmulateConfig:
     bandwidth_gbps: Optional[float] = None
     latency_us: float = 0.0
+    ranks: Literal["all", "servers"] = "all"  # whose links are emulated: every rank's, or only the servers'
 
 
 @dataclass
@@ -426,9 +427,13 @@ def _check_scheme(cfg: Config, scheme: Any) -> None:
         _require(scheme.backup_workers,
                  f"train.backup_workers: got {t.backup_workers} for scheme {scheme.name}; backup workers belong "
                  "to the data-parallel schemes, coded schemes tolerate n-k stragglers through code.k")
-        _require(t.backup_workers < c.n,
-                 f"train.backup_workers: got {t.backup_workers} with code.n={c.n}, expected 0 <= backup_workers < n "
-                 "(at least one worker's result is needed each round)")
+        if scheme.shards_parameters and t.servers > 1:
+            workers, who = c.n * t.servers, f"{c.n * t.servers} workers (train.servers={t.servers} x code.n={c.n})"
+        else:
+            workers, who = c.n, f"code.n={c.n}"
+        _require(t.backup_workers < workers,
+                 f"train.backup_workers: got {t.backup_workers} with {who}, expected 0 <= backup_workers < "
+                 f"{'n' if workers == c.n else workers} (at least one worker's result is needed each round)")
     if scheme.shards_batch:
         workers = c.n * t.servers
         who = (f"code.n={c.n} workers" if t.servers == 1
@@ -473,6 +478,17 @@ def _check_servers(cfg: Config, scheme: Any) -> None:
              "expected 1 (several servers belong to the MPI schemes)")
     _require(cfg.data.batch_size >= g, f"data.batch_size: got {cfg.data.batch_size} with train.servers={g}, "
              f"expected at least one sample per server (batch_size >= {g})")
+    if scheme.workers_sum_across_groups and not scheme.coded:
+        _require(cfg.train.backup_workers == 0, f"train.backup_workers: got {cfg.train.backup_workers} with "
+                 f"train.servers={g}; scheme {scheme.name}'s workers sum their conv gradients over every worker "
+                 "each iteration, so every worker is needed (backup workers need train.servers=1)")
+        _require(cfg.train.optimizer == "sgd", f"train.optimizer: got {cfg.train.optimizer!r} with train.servers={g};"
+                 f" scheme {scheme.name}'s workers step the conv stack themselves with sgd (head_optimizer may differ)")
+    if scheme.shards_parameters:
+        for key in ("optimizer", "head_optimizer"):
+            value = getattr(cfg.train, key)
+            _require(value in (None, "sgd"), f"train.{key}: got {value!r} with train.servers={g}; scheme "
+                     f"{scheme.name}'s servers step their parameter shards with sgd")
 
 
 def _check_comm(c: CommConfig) -> None:

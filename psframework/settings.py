@@ -39,6 +39,7 @@ class TransportSettings:
     window: int = 4
     detach_after: int = 2
     progress_thread: str = "auto"
+    emulated_ranks: str = "all"  # whose links are emulated: "all" or "servers"
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
                       cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
-                                  c.progress_thread)
+                                  c.progress_thread, c.emulate.ranks)
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
                           t.lr_schedule, t.seed)
     return Settings(run, code_settings(cfg), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,

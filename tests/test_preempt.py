@@ -88,9 +88,11 @@ def test_a_signalled_run_stops_at_one_iteration_and_resumes_to_the_uninterrupted
     if exact:  # the same arithmetic in the same order: bit for bit
         assert [r["loss"] for r in got] == [r["loss"] for r in want]
         assert all(torch.equal(final[k], reference[k]) for k in final)
-    else:  # a coded resume re-encodes the decoded weights: equal up to rounding
+    else:  # a coded resume re-encodes the decoded weights: equal up to rounding (the oracle's 1e-4 relative)
         assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) < 1e-4
-        assert all(torch.allclose(final[k], reference[k], rtol=1e-4, atol=1e-6) for k in final)
+        for k in final:
+            scale = reference[k].float().abs().max().clamp_min(1e-12)
+            assert float((final[k].float() - reference[k].float()).abs().max() / scale) <= 1e-4, k
 
 
 @pytest.mark.timeout(300)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from mpiutil import describe, run_mpi
+from test_preempt import interrupt
 from psframework.cli import main
 from psframework.comm.collective import CollectiveStats
 from psframework.config import ConfigError, load_config
@@ -93,7 +95,7 @@ def test_the_servers_sum_gradients_loss_and_the_stop_flag_in_one_message():
     group = ServerGroup(peers, 0, 1)
     group.begin(4)
     assert group.sum_gradients([opt], 1.5) == 1.5 and not group.stop
-    assert peers.stats.sent_bytes == 4 * (3 * 2 + 2 + 2) == sync_bytes(model)
+    assert peers.stats.sent_bytes == 4 * (3 * 2 + 2 + 2) == sync_bytes(8, [])
     assert group.fields() == {"server_sync_bytes": 40}
 
 
@@ -113,6 +115,12 @@ def test_the_world_is_g_groups_of_a_server_and_n_workers():
      "stragglers.ranks: got rank 4, expected worker ranks 1..3, 5..7"),
     ([*GROUPS, "data.batch_size=1"], "data.batch_size: got 1 with train.servers=2, expected at least one sample"),
     (["train.servers=0"], "train.servers: got 0, expected a positive number of server ranks"),
+    (["scheme=stanza", "train.servers=2", "train.backup_workers=1"],
+     "train.backup_workers: got 1 with train.servers=2; scheme stanza's workers sum their conv gradients"),
+    (["scheme=ps", "train.servers=2", "train.head_optimizer=adam"],
+     "train.head_optimizer: got 'adam' with train.servers=2; scheme ps's servers step their parameter shards"),
+    (["scheme=ps", "train.servers=2", "train.backup_workers=8"],
+     "train.backup_workers: got 8 with 8 workers (train.servers=2 x code.n=4), expected 0 <= backup_workers < 8"),
 ])
 def test_bad_server_settings_are_one_clear_line(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -120,12 +128,14 @@ def test_bad_server_settings_are_one_clear_line(overrides, message):
     assert message in str(err.value)
 
 
-def test_check_and_launch_count_every_group():
+def test_check_and_launch_count_every_group(capsys):
     from psframework.launch import train_world_size
 
     assert train_world_size(["train", CONFIG, *GROUPS], {})[0] == 8
     assert main(["check", CONFIG, *GROUPS, "--world-size", "8"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "# MPI ranks: 8 = 2 x (1 server + 3 workers)"
     assert main(["check", CONFIG, *GROUPS, "--world-size", "5"]) == 2
+    assert "needs G*(n+1) = 8 ranks" in capsys.readouterr().err
 
 
 def test_each_server_moves_half_the_activations_of_one_server_for_the_same_batch():
@@ -137,7 +147,11 @@ def test_each_server_moves_half_the_activations_of_one_server_for_the_same_batch
     for group in (0, 1):
         assert scheme.expected_server_bytes(two, model, placement, group) == (sent // 2, received // 2)
     assert scheme.expected_sync_bytes(one, model, placement) == 0
-    assert scheme.expected_sync_bytes(two, model, placement) == sync_bytes(model, placement.worker_parameter_names())
+    held = set(placement.worker_parameter_names())
+    stepped = sum(p.numel() for name, p in model.named_parameters() if name not in held)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == 2 and stepped > 0
+    assert scheme.expected_sync_bytes(two, model, placement) == sync_bytes(stepped, norms)
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +182,11 @@ def assert_matches(run_dir, reference_dir, rel=1e-4):
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("overrides", [
-    ["scheme=sazd", "code.subsets=rotate", "train.verify_every=10"],
-    ["scheme=sazd", "comm.dissemination=relay", "code.subsets=rotate", "code.systematic=false"],
+    ["scheme=sazd", "comm.dissemination=relay", "code.subsets=rotate", "train.verify_every=10"],
     ["scheme=poly", "code.subsets=rotate"],
     ["scheme=uncoded", "code.k=3"],
     ["scheme=sazd-naive", "code.subsets=rotate"],
-], ids=["sazd", "sazd-relay", "poly", "uncoded", "sazd-naive"])
+], ids=["sazd-relay", "poly", "uncoded", "sazd-naive"])
 def test_coded_groups_match_the_reference_and_their_byte_counts(tmp_path, reference, overrides):
     args = [*COMMON, *GROUPS, *overrides]
     proc = run_mpi(8, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
@@ -190,3 +203,79 @@ def test_coded_groups_match_the_reference_and_their_byte_counts(tmp_path, refere
         expected = scheme.expected_server_bytes(settings, model, placement, server["group"])
         if expected is not None:
             assert (server["bytes_sent_per_iteration"], server["bytes_received_per_iteration"]) == expected
+
+
+@pytest.fixture(scope="module")
+def plain_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    assert main(["train", CONFIG, "scheme=reference", "name=ref", f"output.dir={out}", *COMMON,
+                 "model.batch_norm=false"]) == 0
+    return out / "ref"
+
+
+# Data-parallel BatchNorm sees shards, not the whole batch: ps and stanza are compared without it.
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("scheme", ["ps", "stanza"])
+def test_data_parallel_servers_match_the_reference_and_their_byte_counts(tmp_path, plain_reference, scheme):
+    args = [*COMMON, "model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", f"scheme={scheme}"]
+    proc = run_mpi(6, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    assert_matches(tmp_path / "run", plain_reference)
+    summary = read_run(tmp_path / "run")[2]
+    settings = settings_of(*args)
+    model = meta_model(settings)
+    placement = placement_of(settings, model)
+    one = settings_of(*args[:-4], "code.n=4", "code.k=4", f"scheme={scheme}")  # one server, the same 4 workers
+    single = get_scheme(scheme).expected_server_bytes(one, model, placement)
+    for server in summary["servers"]:
+        expected = get_scheme(scheme).expected_server_bytes(settings, model, placement, server["group"])
+        assert (server["bytes_sent_per_iteration"], server["bytes_received_per_iteration"]) == expected
+        assert server["sync_bytes_per_iteration"] == get_scheme(scheme).expected_sync_bytes(settings, model, placement)
+        assert expected[0] < 0.6 * single[0]  # each server's link carries about half of one server's
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_sharded_servers_go_on_with_the_first_workers_of_each_shard(tmp_path):
+    args = [*COMMON, "model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", "scheme=ps",
+            "train.backup_workers=1",
+            "train.max_iterations=10"]
+    proc = run_mpi(6, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=200)
+    assert proc.returncode == 0, describe(proc)
+    _, rows, summary = read_run(tmp_path / "run")
+    assert summary["backup_workers"] == 1 and len(rows) == 10
+    assert all(len(row["used"]) == 3 and set(row["used"]) <= {1, 2, 4, 5} for row in rows)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_frozen_worker_is_named_by_the_holder_of_the_same_packet_in_the_other_group(tmp_path):
+    args = [*GROUPS, "train.max_iterations=200", "output.progress=off", "comm.timeout_s=5", "stragglers.model=freeze",
+            "stragglers.ranks=[6]", "stragglers.pause_s=3600", "stragglers.duty=0.99"]
+    proc = run_mpi(8, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=200)
+    assert proc.returncode != 0
+    line, = [x for x in proc.stderr.splitlines() if x.startswith("psf: error:")]
+    assert line.startswith("psf: error: rank 2: watchdog: no answer from rank(s) 6 for the coded gradient sum of "
+                           "packet 1 after 5 s"), line
+
+
+# A preemption signal on every rank: all servers stop after one iteration, the lead checkpoints (the
+# coded weights decoded from its group, the other servers' state is the same), and a resume goes on.
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks,overrides,reference_name", [
+    (8, [*GROUPS, "scheme=sazd", "code.subsets=rotate"], "reference"),
+    (6, ["model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", "scheme=ps"], "plain_reference"),
+    (6, ["model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", "scheme=stanza"], "plain_reference"),
+], ids=["sazd", "ps", "stanza"])
+def test_a_preempted_run_of_several_servers_resumes_to_the_reference(tmp_path, request, ranks, overrides,
+                                                                     reference_name):
+    args = [CONFIG, f"output.dir={tmp_path}", "name=cut", *COMMON, *overrides]
+    status, err = interrupt(ranks, args, tmp_path / "cut" / "metrics.jsonl.partial", 8, signal.SIGUSR2)
+    assert status == 75, err
+    stopped = int([x for x in err.splitlines() if x.startswith("psf:")][0].split("after iteration ")[1].split()[0])
+    assert 8 <= stopped < 30
+    proc = run_mpi(ranks, ["-m", "psframework", "train", *args, "train.resume=auto"], timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    assert_matches(tmp_path / "cut", request.getfixturevalue(reference_name))

@@ -47,7 +47,8 @@ class Sum:
             if serve is not None:
                 serve()
             if deadline.passed():
-                raise WatchdogTimeout(self.peers.names, self.what, self.peers.timeout_s or 0.0)
+                others = [name for i, name in enumerate(self.peers.names) if i != self.peers.rank]
+                raise WatchdogTimeout(others, self.what, self.peers.timeout_s or 0.0)
             backoff.pause()
         self.request = None
         self.peers.stats.wait_s += time.perf_counter() - t0
@@ -57,11 +58,13 @@ class Sum:
 class Peers:
     """Ranks of one role that sum together; `names` are their world ranks, for the watchdog's message."""
 
-    def __init__(self, comm: Any, names: Sequence[int], timeout_s: Optional[float], poll_sleep_s: float = 0.0) -> None:
+    def __init__(self, comm: Any, names: Sequence[int], timeout_s: Optional[float], poll_sleep_s: float = 0.0,
+                 send_hook: Optional[Callable[[int, Any, int], None]] = None) -> None:
         self.comm = comm
         self.names = list(names)
         self.timeout_s = timeout_s
         self.poll_sleep_s = poll_sleep_s
+        self.send_hook = send_hook  # the rank's emulated link, as for its messages: a sum's payload crosses it too
         self.stats = CollectiveStats()
 
     @property
@@ -81,6 +84,8 @@ class Peers:
             raise ValueError(f"sum of {what}: expected a contiguous float32 or float64 NumPy array")
         self.stats.sent_bytes += values.nbytes
         self.stats.received_bytes += values.nbytes
+        if self.send_hook is not None:
+            self.send_hook(-1, None, values.nbytes)
         if self.size == 1:
             return Sum(self, values, None, what)
         request = self.comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM)
@@ -89,10 +94,6 @@ class Peers:
     def sum(self, values: np.ndarray, what: str, serve: Optional[Callable[[], Any]] = None) -> np.ndarray:
         """Return the sum over the peers of `values` (in place)."""
         return self.start_sum(values, what).wait(serve)
-
-    def any(self, flag: bool) -> bool:
-        """Return whether any peer's flag is set."""
-        return bool(self.sum(np.array([1.0 if flag else 0.0]), "a stop decision")[0] > 0)
 
     def broadcast(self, obj: Any, root: int = 0) -> Any:
         """Return `obj` from the root peer (pickled; small objects and start-up state)."""

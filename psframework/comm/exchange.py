@@ -57,8 +57,8 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Op
         return len(seen) >= k - 1
 
     if not transport.wait_until(enough, timeout_s):
-        raise WatchdogTimeout([p for p in peers if p not in seen], str(envelope), transport.resolve_timeout(timeout_s),
-                              seen, k - 1)
+        raise WatchdogTimeout(transport.named([p for p in peers if p not in seen]), str(envelope),
+                              transport.resolve_timeout(timeout_s), transport.named(seen), k - 1)
     wait_s = time.perf_counter() - start
     data = {me: packet}
     data.update({p: boxes[p].take(envelope) for p in seen})

@@ -95,7 +95,7 @@ class Mailbox:
 
         if not self.transport.wait_until(ready, timeout_s):
             timeout = self.transport.resolve_timeout(timeout_s)
-            raise WatchdogTimeout([self.source], " or ".join(map(str, envelopes)), timeout or 0.0)
+            raise WatchdogTimeout(self.transport.named([self.source]), " or ".join(map(str, envelopes)), timeout or 0.0)
         return found[0]
 
     def iterations(self, envelope: Envelope) -> List[int]:

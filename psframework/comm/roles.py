@@ -10,7 +10,7 @@ are one packet); every worker of the job shares one more (data-parallel reductio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
 from mpi4py import MPI
 
@@ -38,6 +38,9 @@ class Roles:
     servers_comm: Any = None  # the G servers (only with G > 1)
     packet_comm: Any = None  # the G workers of this packet index (only with G > 1)
     all_workers_comm: Any = None  # every worker of every group (only with G > 1)
+    job_workers: Tuple[int, ...] = ()  # the world ranks of every worker of every group
+    job_ranks: Tuple[int, ...] = ()  # the world rank of each rank of `comm`
+    owned: Tuple[Any, ...] = ()  # the communicators made for these roles, freed by `free`
 
     @property
     def is_server(self) -> bool:
@@ -64,22 +67,10 @@ class Roles:
         """Return this worker's index 0..n-1 in its group (its packet index); -1 on a server."""
         return self.rank - 1 if self.is_worker else -1
 
-    @property
-    def job_workers(self) -> Tuple[int, ...]:
-        """Return the world ranks of every worker of every group."""
-        return tuple(g * self.size + r for g in range(self.groups) for r in self.workers)
-
-    def world_rank_of(self, rank: int, group: int = -1) -> int:
-        """Return the world rank of a rank of a group's communicator (this rank's group by default)."""
-        return (self.group if group < 0 else group) * self.size + rank
-
     def free(self) -> None:
-        """Free the communicators made for this job's roles (the servers' own: see comm.collective.Peers.free)."""
-        made = [self.workers_comm, self.packet_comm, self.all_workers_comm]
-        if self.groups > 1:
-            made.append(self.comm)
-        for comm in made:
-            if comm is not None and comm != MPI.COMM_NULL:
+        """Free the communicators made for these roles (the servers' own: see comm.collective.Peers.free)."""
+        for comm in self.owned:
+            if comm != MPI.COMM_NULL:
                 comm.Free()
 
 
@@ -100,5 +91,28 @@ def setup_roles(comm: Any = None, groups: int = 1) -> Roles:
         across["servers_comm"] = comm.Split(0 if local == SERVER else MPI.UNDEFINED, rank)
         across["packet_comm"] = comm.Split(MPI.UNDEFINED if local == SERVER else local, rank)
         across["all_workers_comm"] = comm.Split(MPI.UNDEFINED if local == SERVER else 0, rank)
+    job_workers = tuple(g * group_size + r for g in range(groups) for r in range(1, group_size))
+    owned = (workers_comm, across["packet_comm"], across["all_workers_comm"]) + ((group_comm,) if groups > 1 else ())
+    job_ranks = tuple(group * group_size + r for r in range(group_size))
     return Roles(group_comm, local, group_size, tuple(range(1, group_size)), workers_comm, SERVER, comm, rank,
-                 group, groups, **across)
+                 group, groups, **across, job_workers=job_workers, job_ranks=job_ranks,
+                 owned=tuple(c for c in owned if c is not None))
+
+
+def shard_roles(roles: Roles) -> List[Roles]:
+    """Return this rank's roles in the communicators of the parameter shards: shard s is server s with every
+    worker of the job (server rank 0, workers 1..N in job order). A server gets its own shard's, a worker
+    every shard's, in shard order. Collective over the job's communicator."""
+    world, made = roles.world, []
+    everyone = world.Get_group()
+    for s in range(roles.groups):
+        members = everyone.Incl([s * roles.size, *roles.job_workers])
+        comm = world.Create(members)
+        members.Free()
+        if comm != MPI.COMM_NULL:
+            size = comm.Get_size()
+            made.append(Roles(comm, comm.Get_rank(), size, tuple(range(1, size)), MPI.COMM_NULL, SERVER, world,
+                              roles.world_rank, job_workers=roles.job_workers,
+                              job_ranks=(s * roles.size, *roles.job_workers), owned=(comm,)))
+    everyone.Free()
+    return made

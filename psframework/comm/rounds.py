@@ -183,6 +183,12 @@ class ServerRounds:
         """Return the ranks in the job of every worker of every group (straggler models name workers so)."""
         return self.workers if self.roles is None else self.roles.job_workers
 
+    def job_rank(self, index: int) -> int:
+        """Return the rank in the job of the worker with packet index `index`."""
+        if self.roles is None:
+            return self.workers[index]
+        return self.roles.job_workers[self.roles.group * self.n + index]
+
     @property
     def live(self) -> List[int]:
         """Return the worker ranks that are not detached."""
@@ -215,8 +221,8 @@ class ServerRounds:
             if rank not in self.members.detached:
                 self.members.detached[rank] = self.iteration
                 self.members.record(rank, detached_at=self.iteration)
-            self.say(f"psf: rank {rank} died (the MPI reports it failed) by iteration {self.iteration}; training "
-                     f"goes on with {len(self.live)} workers ({self.members.needed} needed)")
+            self.say(f"psf: rank {self.transport.named([rank])[0]} died (the MPI reports it failed) by iteration "
+                     f"{self.iteration}; training goes on with {len(self.live)} workers ({self.members.needed} needed)")
 
     def first_rejoin(self, ranks: Sequence[int]) -> int:
         """Wait until one of `ranks` asks to rejoin; return it (the watchdog names them all if none does)."""
@@ -227,7 +233,7 @@ class ServerRounds:
             return bool(asking)
 
         if not self.transport.wait_until(asked):
-            raise WatchdogTimeout(list(ranks), "a rejoin request of a detached worker",
+            raise WatchdogTimeout(self.transport.named(ranks), "a rejoin request of a detached worker",
                                   self.transport.resolve_timeout(), [], 1)
         return asking[0]
 
@@ -372,10 +378,12 @@ class ServerRounds:
         gather.release()
         silent = [r for r in ranks if r not in reports]
         if silent:
-            self.say(f"psf: rank(s) {', '.join(map(str, silent))} lost: no answer after a rank of the job died")
+            self.say(f"psf: rank(s) {', '.join(map(str, self.transport.named(silent)))} lost: no answer after a rank "
+                     "of the job died")
         self.members.lost += silent
         if self.members.lost:
-            self.say(f"psf: the run finished without rank(s) {', '.join(map(str, sorted(self.members.lost)))}")
+            lost = self.transport.named(sorted(self.members.lost))
+            self.say(f"psf: the run finished without rank(s) {', '.join(map(str, lost))}")
         for rank, detached_at in self.members.detached.items():  # take the rejoin requests no one will answer
             if rank in reports and self.transport.has_message(rank, *_fields(Msg.rejoin(0))):
                 self.transport.post_gather([rank], Msg.rejoin(detached_at), None).wait(1)
@@ -390,11 +398,13 @@ class WorkerRounds:
     """
 
     def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0,
-                 patience: float = 2.0, progress_thread: Any = None, across: Any = None) -> None:
+                 patience: float = 2.0, progress_thread: Any = None, across: Any = None,
+                 all_workers: Any = None) -> None:
         self.transport = transport
         self.roles = roles
         self.peers = peers  # the worker-to-worker transport, where the scheme has one
         self.across = across  # with several groups: the workers of this packet index in every group (Peers)
+        self.all_workers = all_workers  # with several groups: every worker of every group (Peers)
         self.server = server
         self.index = roles.worker_index
         self.report = WorkerReport()
@@ -476,7 +486,8 @@ class WorkerRounds:
             return bool(self.inbox.iterations(Msg.stop(0)) or self.inbox.iterations(Msg.readmit(0)))
 
         if not self.transport.wait_until(answered, self.timeout_s):
-            raise WatchdogTimeout([self.server], "the answer to a rejoin request", self.timeout_s or 0.0)
+            raise WatchdogTimeout(self.transport.named([self.server]), "the answer to a rejoin request",
+                                  self.timeout_s or 0.0)
         if self.inbox.iterations(Msg.stop(0)):
             return None
         iteration = self.inbox.iterations(Msg.readmit(0))[0]
@@ -511,13 +522,9 @@ class WorkerRounds:
         """
         from .exchange import exchange_shards
 
-        try:
-            # The waits of the peers' transport do not serve the server's inbox: take it in here.
-            shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                     interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)))
-        except WatchdogTimeout as exc:
-            raise WatchdogTimeout([self.workers[p] for p in exc.ranks], exc.what, exc.timeout_s,
-                                  [self.workers[p] for p in exc.arrived], exc.needed) from None
+        # The waits of the peers' transport do not serve the server's inbox: take it in here.
+        shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
+                                 interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)))
         for peer in range(self.peers.size):
             self.peers.drop(peer, forget_before)
         return shards
@@ -538,3 +545,84 @@ class WorkerRounds:
         self.transport.close(timeout_s=1.0)
         self.roles.free()
         return total
+
+
+class ShardedWorkerRounds:
+    """A worker's rounds with S servers, one per parameter shard: each message comes from, and each reply
+    goes to, every shard's server over that shard's own rounds.
+
+    One report counts this worker's work and goes to every server when the run stops. A worker with
+    several servers is never detached (its servers do not detach it), so it never rejoins.
+    """
+
+    def __init__(self, links: Sequence[WorkerRounds]) -> None:
+        self.links = list(links)
+        self.report = self.links[0].report
+        for link in self.links[1:]:
+            link.report = self.report
+
+    @property
+    def roles(self) -> Any:
+        return self.links[0].roles
+
+    @property
+    def index(self) -> int:
+        """Return this worker's index among every worker of the job (0..N-1)."""
+        return self.links[0].index
+
+    @property
+    def workers(self) -> Sequence[int]:
+        return self.links[0].workers
+
+    @property
+    def rank(self) -> int:
+        return self.links[0].rank
+
+    @property
+    def job_workers(self) -> Sequence[int]:
+        return self.links[0].job_workers
+
+    @property
+    def progress_thread(self) -> Any:
+        return self.links[0].progress_thread
+
+    @progress_thread.setter
+    def progress_thread(self, thread: Any) -> None:
+        for link in self.links:
+            link.progress_thread = thread
+
+    def busy(self) -> Any:
+        """Compute in the body (no MPI calls there): a progress thread, if any, keeps messages moving."""
+        return self.links[0].busy()
+
+    def announced(self) -> Any:
+        """Return what the servers announced at the start (the lead's; every server announces the same)."""
+        return [link.announced() for link in self.links][0]
+
+    def take(self, envelope: Envelope) -> List[Any]:
+        """Wait for a message from every server; return their tensors in shard order."""
+        return [link.take(envelope) for link in self.links]
+
+    def has(self, envelope: Envelope) -> bool:
+        """Return whether every server's message has arrived (then every server has moved on)."""
+        return all(link.has(envelope) for link in self.links)
+
+    def reply(self, pieces: Sequence[Any], envelope: Envelope) -> None:
+        """Send piece s to the server of shard s."""
+        for link, piece in zip(self.links, pieces):
+            link.reply(piece, envelope, count=False)
+        self.report.sent()
+
+    def progress(self) -> None:
+        """Move whatever messages can move now."""
+        for link in self.links:
+            link.progress()
+
+    def rejoin(self, detached_at: int, total: int) -> Optional[Tuple[int, Any]]:
+        """Refuse: a worker of several servers is never detached."""
+        raise RuntimeError(f"worker rank {self.rank} was detached at iteration {detached_at}, but with several "
+                           "servers no worker is detached")
+
+    def stop(self, total: int) -> int:
+        """Stop with every server; return the iteration the run stopped at."""
+        return min(link.stop(total) for link in self.links)

@@ -273,6 +273,7 @@ class Gather:
             if have + sum(1 for s in slots if s.state != _DONE) < k:
                 failed = [s.source for s in slots if s.outcome == FAILED]
                 gone = [s.source for s in slots if s.state == _DONE and s.outcome not in (ARRIVED, FAILED)]
+                failed, gone = self.transport.named(failed), self.transport.named(gone)
                 reasons = ([f"rank(s) {', '.join(map(str, failed))} failed (the MPI reports them dead)"] if failed
                            else []) + ([f"rank(s) {', '.join(map(str, gone))} already sent a later iteration "
                                         "instead"] if gone else [])
@@ -283,7 +284,8 @@ class Gather:
         try:
             if not self.transport._progress_until(enough, deadline, interrupt):
                 silent = [s.source for s in slots if s.outcome != ARRIVED]
-                raise WatchdogTimeout(silent, str(self.envelope), timeout, self.arrived(), k)
+                named = self.transport.named
+                raise WatchdogTimeout(named(silent), str(self.envelope), timeout, named(self.arrived()), k)
             arrived = self.arrived()
             by_source = self._slots
             kth = by_source[arrived[k - 1]].arrival
@@ -353,6 +355,7 @@ class Transport:
             raise ValueError(f"poll_sleep_s: got {poll_sleep_s!r}, expected seconds >= 0 or None (automatic)")
         self.poll_sleep_s = auto_poll_sleep(base) if poll_sleep_s is None else float(poll_sleep_s)
         self.send_hook = send_hook
+        self.job_ranks: Optional[Sequence[int]] = None  # the rank in the job of each rank of comm, for messages
         self.device = device  # where received payloads are allocated (None: host memory)
         self.stats = TransportStats()
         self._pool = StagingPool()
@@ -461,7 +464,7 @@ class Transport:
         while not handle.test():
             self.progress()
             if deadline.passed():
-                raise WatchdogTimeout([handle.dest], f"the send of {handle.envelope}", timeout)
+                raise WatchdogTimeout(self.named([handle.dest]), f"the send of {handle.envelope}", timeout)
             backoff.pause()
         self._sweep_sends()
 
@@ -479,7 +482,7 @@ class Transport:
         deadline = Deadline(timeout)
         try:
             if not self._progress_until(lambda: slot.state == _DONE, deadline):
-                raise WatchdogTimeout([slot.source], str(slot.envelope), timeout or 0.0)
+                raise WatchdogTimeout(self.named([slot.source]), str(slot.envelope), timeout or 0.0)
         finally:
             slot.awaited = False
         if slot.outcome != ARRIVED:
@@ -823,6 +826,10 @@ class Transport:
     def _check_rank(self, rank: int, what: str) -> None:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
             raise ValueError(f"{what}: got {rank!r}, expected a rank in 0..{self.size - 1}")
+
+    def named(self, ranks: Sequence[int]) -> List[int]:
+        """Return ranks of this transport's communicator as ranks in the job (the names messages give)."""
+        return list(ranks) if self.job_ranks is None else [self.job_ranks[r] for r in ranks]
 
     def resolve_timeout(self, value: Any = DEFAULT) -> Optional[float]:
         """Return the watchdog timeout a wait uses: `value`, or the transport's when DEFAULT."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
@@ -26,6 +26,7 @@ class Node:
     device_note: Optional[str] = None  # why `device: auto` fell back to the CPU, if it did
     across: Optional[Any] = None  # with several groups: this rank's Peers across groups (servers, or packet j)
     all_workers: Optional[Any] = None  # with several groups, on workers: every worker of the job
+    shards: List[Tuple[Any, Any]] = field(default_factory=list)  # parameter shards: (roles, transport) of each
 
     def wants_progress_thread(self) -> bool:
         """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
@@ -72,13 +73,15 @@ LOSS = LossNotice()
 
 
 def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu",
-               groups: int = 1) -> Node:
+               groups: int = 1, shards: bool = False) -> Node:
     """Split the job into `groups` groups of a server and its workers, bind the GPU, plan threads and open
     the transports (collective).
 
     `device` is the `device` setting (cpu, cuda, auto); received tensors land on the chosen device.
+    `shards`: with several groups, also open one transport per parameter shard (its server and every worker).
     """
     from psframework.comm import Transport, setup_roles
+    from psframework.comm.roles import shard_roles
     from psframework.comm.transport import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
@@ -91,35 +94,43 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
         set_decode_threads(plan.threads)
     poll_sleep_s = auto_poll_sleep(roles.world)  # from the whole job's ranks on this node, not one group's
+    emulated = settings.emulated_ranks == "all" or roles.is_server
+    link = link_emulator(settings.bandwidth_gbps, settings.latency_us) if emulated else None  # one per rank
 
     def transport(on: Any, paced: bool) -> Any:
-        return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s,
-                         send_hook=link_emulator(settings.bandwidth_gbps, settings.latency_us),
+        return Transport(on, cuda_aware=settings.cuda_aware, timeout_s=settings.timeout_s, send_hook=link,
                          window=settings.window if paced else None, device=chosen, poll_sleep_s=poll_sleep_s)
 
     # Rank 0 and workers sending to peers pace their messages: any worker may stop taking them (frozen,
     # descheduled, dead). Rank 0 is never paced against: a stalled rank 0 stalls the run anyway.
     world = transport(roles.comm, paced=roles.is_server)
+    world.job_ranks = roles.job_ranks
     worker_peers = transport(roles.workers_comm, paced=True) if (peers and roles.is_worker) else None
+    if worker_peers is not None:
+        worker_peers.job_ranks = [roles.job_ranks[r] for r in roles.workers]
     node = Node(roles, world, worker_peers, settings, plan, chosen, note)
     if groups > 1:
-        node.across, node.all_workers = across_groups(roles, settings.timeout_s, poll_sleep_s)
+        node.across, node.all_workers = across_groups(roles, settings.timeout_s, poll_sleep_s, world.send_hook)
+    if groups > 1 and shards:
+        node.shards = [(r, transport(r.comm, paced=r.is_server)) for r in shard_roles(roles)]
+        for r, t in node.shards:
+            t.job_ranks = r.job_ranks
     return node
 
 
-def across_groups(roles: Any, timeout_s: float, poll_sleep_s: float) -> Tuple[Any, Optional[Any]]:
+def across_groups(roles: Any, timeout_s: float, poll_sleep_s: float,
+                  send_hook: Any = None) -> Tuple[Any, Optional[Any]]:
     """Return this rank's peers across groups (the servers, or the holders of its packet) and, on workers,
-    every worker of the job."""
+    every worker of the job; their sums cross this rank's emulated link (`send_hook`) as its messages do."""
+    from functools import partial
+
     from psframework.comm.collective import Peers
 
-    n = roles.size - 1
+    peers = partial(Peers, timeout_s=timeout_s, poll_sleep_s=poll_sleep_s, send_hook=send_hook)
     if roles.is_server:
-        names = [g * roles.size for g in range(roles.groups)]
-        return Peers(roles.servers_comm, names, timeout_s, poll_sleep_s), None
+        return peers(roles.servers_comm, [g * roles.size for g in range(roles.groups)]), None
     packet = [g * roles.size + roles.rank for g in range(roles.groups)]
-    every = [g * roles.size + 1 + j for g in range(roles.groups) for j in range(n)]
-    return (Peers(roles.packet_comm, packet, timeout_s, poll_sleep_s),
-            Peers(roles.all_workers_comm, every, timeout_s, poll_sleep_s))
+    return peers(roles.packet_comm, packet), peers(roles.all_workers_comm, roles.job_workers)
 
 
 def straggle(stragglers: Any, rank: int, iteration: int, compute_s: float,

@@ -51,14 +51,16 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
 
     relay = scheme.coded and settings.transport.dissemination == "relay"
     groups = settings.run.servers
-    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=groups)
+    sharded = groups > 1 and scheme.shards_parameters
+    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=groups, shards=sharded)
     if node.device_note and node.roles.is_lead:
         print(node.device_note, flush=True)
     if node.roles.is_server:
         from psframework.schemes.groups import ServerGroup
 
-        link = ServerRounds(node.transport, node.roles.workers, node.roles, node.emulation,
-                            detach_after=_detach_after(settings, scheme), lost=LOSS)
+        roles, transport = node.shards[0] if sharded else (node.roles, node.transport)
+        link = ServerRounds(transport, roles.workers, roles, node.emulation,
+                            detach_after=_detach_after(settings), lost=LOSS)
         group = ServerGroup(node.across, node.roles.group, groups) if groups > 1 else None
         side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link, group))
         _agree_or_close(comm, outcome, opening)
@@ -66,7 +68,11 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
 
         return run_server(settings, side, opening, node.roles.world.Get_size())
     worker = scheme.load(scheme.worker)
-    link = WorkerRounds(node.transport, node.roles, node.peers, across=node.across)
+    link = WorkerRounds(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
+    if sharded:
+        from psframework.comm.rounds import ShardedWorkerRounds
+
+        link = ShardedWorkerRounds([WorkerRounds(t, r) for r, t in node.shards])
     side, outcome = attempt(lambda: worker(settings, link))
     agree(comm, outcome)
     _run_worker(settings, side, node)
@@ -84,16 +90,16 @@ def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any = N
     return side
 
 
-def _detach_after(settings: Settings, scheme: Scheme) -> Optional[int]:
+def _detach_after(settings: Settings) -> Optional[int]:
     """Return how far a worker may lag before its server detaches it; None: never.
 
-    With several groups, DEU workers sum their coded gradients with the workers of the same packet
-    in the other groups every update: a worker that skipped ahead would pair its sums with the wrong
-    iteration's, so the holders of a packet move in step and a slow one is waited for, not detached.
+    With several servers no worker is detached: DEU workers sum their coded gradients with the
+    workers of the same packet in the other groups every update (Stanza's workers their conv
+    gradients with every worker), so a worker that skipped ahead would pair its sums with the wrong
+    iteration's; and a worker of sharded servers would have to rejoin each of them. A slow worker is
+    waited for or, with backup workers, left out of the rounds it is late for.
     """
-    if settings.run.servers > 1 and scheme.linear_conv_optimizer:
-        return None
-    return settings.transport.detach_after
+    return None if settings.run.servers > 1 else settings.transport.detach_after
 
 
 def _agree_or_close(comm: Any, outcome: Any, opening: Any) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from psframework.codes import Code, SAZDCode, from_bits, make_code, split_blocks, to_bits
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.models import Placement
 from psframework.schemes.coded_core import tensor_names
@@ -162,5 +163,6 @@ def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placeme
     """
     from psframework.schemes.registry import get_scheme
 
-    held = placement.worker_parameter_names() if get_scheme(settings.run.scheme).linear_conv_optimizer else ()
-    return sync_bytes(model, held)
+    held = set(placement.worker_parameter_names()) if get_scheme(settings.run.scheme).linear_conv_optimizer else set()
+    stepped = sum(p.numel() for name, p in model.named_parameters() if name not in held)
+    return sync_bytes(stepped, [m for m in model.modules() if isinstance(m, _BatchNorm)])

@@ -116,8 +116,8 @@ class DataParallelServer(ServerSide):
         return f", {self.link.n} workers (rank 0 goes on with the first {self.needed})"
 
     def shards(self, step: Step) -> Dict[int, slice]:
-        """Return each worker's part of this iteration's global batch (as `data.shard` cuts it)."""
-        bounds = shard_bounds(len(step.indices), self.link.n)
+        """Return each worker's part of this server's batch (as `data.shard` cuts it): slices of batch_indices."""
+        bounds = shard_bounds(len(self.batch_indices(step)), self.link.n)
         return {j: slice(bounds[j], bounds[j + 1]) for j in range(self.link.n)}
 
     def result(self, step: Step, replies: Replies) -> RoundResult:
@@ -140,8 +140,8 @@ class DataParallelServer(ServerSide):
     def step(self, step: Step) -> StepResult:
         self.link.begin_iteration()
         result = self.round(step)
-        fields = self.link.iteration_fields()
-        fields.update(used=[self.link.workers[j] for j in result.used], samples=[result.sizes[j] for j in result.used])
+        fields = {**self.link.iteration_fields(), **self.group_fields()}
+        fields.update(used=[self.link.job_rank(j) for j in result.used], samples=[result.sizes[j] for j in result.used])
         return StepResult(result.loss, dict(self.link.clock.timings), fields)
 
     def finish(self) -> Dict[str, Any]:
@@ -156,12 +156,17 @@ class DataParallelWorker(WorkerSide):
         self.dataset, self.model = build_problem(settings)  # rank 0's parameters overwrite the model
         self.model.train()
         self.j, self.n = link.index, len(link.workers)
+        self.group, self.groups = link.roles.group, link.roles.groups
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
+
+    def my_shard(self, indices: Any) -> Any:
+        """Return this worker's samples of a global batch: its shard of its group's part."""
+        return shard(shard(indices, self.group, self.groups), self.j, self.n)
 
     def start(self, schedule: Schedule) -> None:
         """Announce this worker's shard of every remaining batch, so that a streamed dataset reads ahead."""
         plan = steps(self.settings, len(self.dataset.train), schedule)
-        self.dataset.train.prefetch(shard(step.indices, self.j, self.n) for step in plan)
+        self.dataset.train.prefetch(self.my_shard(step.indices) for step in plan)
 
     def close(self) -> None:
         self.dataset.close()
@@ -181,7 +186,7 @@ class DataParallelWorker(WorkerSide):
         if self.link.has(self.opening(after)):
             self.link.report.skipped()  # rank 0 has finished this round without this worker
             return
-        images, labels = self.dataset.train.fetch(shard(step.indices, self.j, self.n))
+        images, labels = self.dataset.train.fetch(self.my_shard(step.indices))
         self.compute(step, params, images, labels, after)
 
     def straggle(self, iteration: int, started: float) -> None:

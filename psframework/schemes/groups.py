@@ -13,7 +13,7 @@ BatchNorm does. So every server steps the same model, and the run equals the sin
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,19 +35,14 @@ def server_parameters(optimizers: Sequence[torch.optim.Optimizer]) -> List[torch
     return [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
 
 
-def sync_bytes(model: nn.Module, held_by_workers: Collection[str] = (), workers_part: str = "") -> int:
+def sync_bytes(parameters: int, norms: Sequence[_BatchNorm]) -> int:
     """Return the payload bytes a server sums with the other servers per iteration (sent; as many come back).
 
-    The gradients of every parameter the servers step (all but `held_by_workers`) with the loss and
-    the stop flag in float32; per BatchNorm layer the servers run (all but those under the module
-    path `workers_part`) with C channels, 2C + 1 float64 statistics forward and 2C gradient sums backward.
+    The gradients of the `parameters` values the servers step, with the loss and the stop flag, in
+    float32; per BatchNorm layer the servers run, with C channels, 2C + 1 float64 statistics forward
+    and 2C gradient sums backward.
     """
-    held = set(held_by_workers)
-    params = sum(p.numel() for name, p in model.named_parameters() if name not in held)
-    prefix = workers_part + "." if workers_part else None
-    norms = [m for name, m in model.named_modules() if isinstance(m, _BatchNorm)
-             and not (prefix and (name + ".").startswith(prefix))]
-    return 4 * (params + 2) + sum(8 * (4 * m.num_features + 1) for m in norms)
+    return 4 * (parameters + 2) + sum(8 * (4 * m.num_features + 1) for m in norms)
 
 
 class ServerGroup:
@@ -99,6 +94,11 @@ class ServerGroup:
             offset += size
         self.stop = bool(total[-1] > 0)
         return float(total[-2])
+
+    def agree_stop(self) -> bool:
+        """Return (and keep) whether any server asked to stop after this iteration (servers that sum nothing else)."""
+        self.stop = bool(self.peers.sum(np.array([1.0 if FLAG.requested() else 0.0]), "the stop decision")[0] > 0)
+        return self.stop
 
     def fields(self) -> Dict[str, Any]:
         """Return the iteration's bytes summed with the other servers (each sent and received once)."""

@@ -5,28 +5,95 @@ loss on its shard of the global batch and pushes it, with its BatchNorm running 
 loss; rank 0 averages the first n - b replies weighted by their samples (the gradient of the mean
 loss over the samples used), steps and starts the next round. Parameters and gradients of the FC
 layers cross the network twice per worker per iteration: the traffic Stanza removes.
+
+With several servers (`train.servers: S`) the parameters, as one vector in the model's order, are
+cut into S contiguous near-equal shards; server s holds and updates shard s. Every worker of the
+job pulls each shard from its server, computes on its part of the global batch and pushes each
+shard's gradient to its server, which averages the first N - b of the N workers. Running
+statistics and the loss go to the lead server (shard 0), which gathers every shard when it
+evaluates or checkpoints. Every server's link carries 1/S of the parameter traffic.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from psframework.comm.rounds import Msg
-from psframework.schemes.common import Step
+from psframework.data import shard_bounds
+from psframework.schemes.common import Step, conv_optimizer, head_optimizer, scale_lr
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
-from psframework.schemes.driver import Event
+from psframework.schemes.driver import Event, Schedule
 from psframework.settings import Settings
 
 
+@dataclass
+class Region:
+    """A run of one shard's values that one optimizer steps: the conv stack's or the head's."""
+
+    start: int  # offset in the model's parameter vector
+    stop: int
+    value: torch.nn.Parameter
+    optimizer: torch.optim.Optimizer
+
+
+def shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
+    """Return the [start, stop) offsets of a shard of a parameter vector of `total` values."""
+    bounds = shard_bounds(total, shards)
+    return bounds[shard], bounds[shard + 1]
+
+
 class PSServer(DataParallelServer):
-    """Rank 0 of `ps`: averages full-model gradients and steps every layer."""
+    """Rank 0 of `ps`: averages full-model gradients and steps every layer (one shard of them, with several)."""
+
+    regions: List[Region] = []
+
+    def start(self, schedule: Schedule) -> None:
+        """With several servers, take this server's shard out of the model (the lead's, shared at the start)."""
+        self.schedule = schedule
+        if self.group is not None:
+            self.regions = self.shard_regions()
+
+    def batch_indices(self, step: Step) -> Any:
+        return step.indices  # every server serves every worker: the workers split the whole batch
+
+    def shard_regions(self) -> List[Region]:
+        """Return this server's shard as regions of consecutive conv-stack or head values, each with its optimizer.
+
+        SGD's step is elementwise, so stepping a region equals stepping the tensors it comes from.
+        """
+        params = list(self.model.parameters())
+        head = {id(p) for p in self.head}
+        values = flat(params)
+        momentum = flat([self.optimizer_of(p).state.get(p, {}).get("momentum_buffer", torch.zeros_like(p))
+                         for p in params])
+        kinds = torch.cat([torch.full((p.numel(),), id(p) in head, dtype=torch.bool) for p in params])
+        lo, hi = shard_range(values.numel(), self.group.index, self.group.count)
+        regions, start = [], lo
+        while start < hi:
+            stop = start + 1
+            while stop < hi and kinds[stop] == kinds[start]:
+                stop += 1
+            value = torch.nn.Parameter(values[start:stop].clone())
+            opt = (head_optimizer if kinds[start] else conv_optimizer)(self.settings.optim, [value])
+            if self.settings.optim.momentum > 0:
+                opt.state[value]["momentum_buffer"] = momentum[start:stop].clone()
+            regions.append(Region(start, stop, value, opt))
+            start = stop
+        return regions
+
+    def optimizer_of(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
+        """Return the optimizer (of the conv stack or the head) that steps a parameter."""
+        return next(opt for opt in self.optimizers if any(p is param for g in opt.param_groups for p in g["params"]))
 
     def round(self, step: Step) -> RoundResult:
+        if self.group is not None:
+            return self.shard_round(step)
         params = list(self.model.parameters())
         vector = flat(params)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
@@ -41,31 +108,88 @@ class PSServer(DataParallelServer):
         result.loss = float(mean[-1])
         return result
 
+    def shard_round(self, step: Step) -> RoundResult:
+        """Send this shard to every worker, average the first N - b shard gradients, step the shard."""
+        self.group.begin(len(step.indices))
+        vector = torch.cat([r.value.detach() for r in self.regions])
+        replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
+        result = self.result(step, replies)
+        mean = weighted_sum(replies.data, result.sample_weights())
+        factor = self.schedule.lr_factor(step.iteration)
+        lo = self.regions[0].start
+        for region in self.regions:
+            region.value.grad = mean[region.start - lo:region.stop - lo].clone()
+            scale_lr([region.optimizer], factor)
+            region.optimizer.step()
+        size = vector.numel()
+        if self.lead:  # the lead's shard carries the running statistics and the loss
+            self.keep_running_stats({j: v[size:-1] for j, v in replies.data.items()}, result)
+            result.loss = float(mean[-1])
+        self.group.agree_stop()
+        return result
+
+    def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
+        """With several servers, gather every shard (values and momentum) into the lead's model."""
+        if self.group is None:
+            return {}
+        mine = [(r.value.detach().clone(), r.optimizer.state.get(r.value, {}).get("momentum_buffer"))
+                for r in self.regions]
+        shards = self.group.peers.gather(mine)
+        if shards is None:
+            return {}
+        regions = [region for shard in shards for region in shard]
+        params = list(self.model.parameters())
+        assign(params, torch.cat([value for value, _ in regions]))
+        if self.settings.optim.momentum > 0:
+            buffers = [torch.empty_like(p) for p in params]
+            assign(buffers, torch.cat([buf for _, buf in regions]))
+            for p, buf in zip(params, buffers):
+                self.optimizer_of(p).state[p]["momentum_buffer"] = buf
+        return {}
+
 
 class PSWorker(DataParallelWorker):
     """Worker j of `ps`: the whole model on its shard; pushes gradients, statistics and loss."""
 
+    def __init__(self, settings: Settings, link: Any) -> None:
+        super().__init__(settings, link)
+        self.shards = settings.run.servers  # with several servers, one parameter shard each
+
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
         weights = list(self.model.parameters())
-        assign(weights, params)
+        assign(weights, params if self.shards == 1 else torch.cat(params))
         t0 = time.perf_counter()
         for p in weights:
             p.grad = None
         with self.link.busy():
             loss = F.cross_entropy(self.model(images), labels)
             loss.backward()
-        vector = torch.cat([flat([p.grad for p in weights]), flat(running_stats(self.model)), loss.detach().reshape(1)])
+        grads = flat([p.grad for p in weights])
+        extra = torch.cat([flat(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, t0)
-        self.link.reply(vector, Msg.grads(step.iteration))
+        if self.shards == 1:
+            self.link.reply(torch.cat([grads, extra]), Msg.grads(step.iteration))
+            return
+        pieces = [grads[slice(*shard_range(grads.numel(), s, self.shards))] for s in range(self.shards)]
+        pieces[0] = torch.cat([pieces[0], extra])  # the lead's shard carries the statistics and the loss
+        self.link.reply([p.contiguous() for p in pieces], Msg.grads(step.iteration))
 
 
-def expected_server_bytes(settings: Settings, model: Any, placement: Any) -> Tuple[int, int]:
-    """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
+def expected_server_bytes(settings: Settings, model: Any, placement: Any, group: int = 0) -> Tuple[int, int]:
+    """Return the payload bytes server `group` sends and receives per iteration: (sent, received).
 
-    Sent: all parameters to each of the n workers. Received: each worker's gradients, BatchNorm
-    running statistics and loss (late replies of backup workers are received too, then dropped).
+    Sent: all parameters (with S servers: its shard) to each of the N = S * n workers. Received:
+    each worker's gradients of them and, on the lead, its BatchNorm running statistics and loss
+    (late replies of backup workers are received too, then dropped).
     """
-    n = settings.code.n
-    params = sum(p.numel() for p in model.parameters())
-    return 4 * n * params, 4 * n * (params + sum(s.numel() for s in running_stats(model)) + 1)
+    servers = settings.run.servers
+    workers = settings.code.n * servers
+    lo, hi = shard_range(sum(p.numel() for p in model.parameters()), group, servers)
+    extra = sum(s.numel() for s in running_stats(model)) + 1 if group == 0 else 0
+    return 4 * workers * (hi - lo), 4 * workers * (hi - lo + extra)
+
+
+def expected_sync_bytes(settings: Settings, model: Any, placement: Any) -> int:
+    """Return the payload bytes a server sums with the others per iteration: the stop decision (one float64)."""
+    return 8

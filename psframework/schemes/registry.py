@@ -48,6 +48,18 @@ class Scheme:
         return self.mpi and not self.coded and self.worker_part == "trunk"
 
     @property
+    def shards_parameters(self) -> bool:
+        """Return whether, with several servers, each server holds one shard of the parameters (every
+        worker pushes to and pulls from every server) instead of leading a group."""
+        return self.mpi and not self.coded and self.worker_part == "model"
+
+    @property
+    def workers_sum_across_groups(self) -> bool:
+        """Return whether, with several servers, the workers keep state that they sum across the groups
+        (DEU coded weights, Stanza's conv stack): they move in step, none is detached or left out."""
+        return self.mpi and (self.linear_conv_optimizer or self.cuts_model)
+
+    @property
     def coded(self) -> bool:
         """Return whether the scheme codes its conv layers across the workers."""
         return self.code is not None
@@ -132,9 +144,11 @@ _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards
 register(Scheme("reference", "one process, whole model: the correctness oracle",
                 "psframework.schemes.reference", "ReferenceTrainer"))
 register(Scheme("ps", "parameter server: whole model replicated on the workers, data parallel",
-                "psframework.schemes.ps", "PSServer", "PSWorker", worker_part="model", **_PARALLEL))
+                "psframework.schemes.ps", "PSServer", "PSWorker", worker_part="model",
+                sync_model="expected_sync_bytes", **_PARALLEL))
 register(Scheme("stanza", "layer separation: conv stack on the workers (data parallel), FC head on rank 0",
-                "psframework.schemes.stanza", "StanzaServer", "StanzaWorker", **_PARALLEL))
+                "psframework.schemes.stanza", "StanzaServer", "StanzaWorker", sync_model="expected_sync_bytes",
+                **_PARALLEL))
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
                 code="shift-add", **_CODED))
 register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",

@@ -7,26 +7,34 @@ the gradient of the loss with respect to its features; they backpropagate throug
 and push the conv gradients, which rank 0 adds up (the feature gradients already carry the
 1/samples of the mean loss) and steps. FC parameters never leave rank 0: only conv parameters,
 features and feature gradients cross the network.
+
+With several servers (`train.servers: G`) every server hosts the head for its group's part of the
+batch and sums the head's gradients with the other servers; the workers hold the conv stack and
+its optimizer themselves and sum their conv gradients (and BatchNorm running statistics, weighted
+by samples) over every worker of every group once per iteration, so that only features and
+feature gradients cross a server's link. Every worker is needed each iteration (no backup workers).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
 from psframework.models.cut import cut_model
-from psframework.schemes.common import Step, placement_of
+from psframework.schemes.common import Step, conv_optimizer, placement_of, scale_lr
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
-from psframework.schemes.driver import Event, Problem
+from psframework.schemes.driver import Event, Problem, Schedule
+from psframework.schemes.groups import part_size, start_sum, sync_bytes
 from psframework.settings import Settings
 
 
@@ -58,6 +66,8 @@ class StanzaServer(DataParallelServer):
         return self.cut.trunk
 
     def round(self, step: Step) -> RoundResult:
+        if self.group is not None:
+            return self.group_round(step)
         it, conv = step.iteration, self.trunk
         t0 = time.perf_counter()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
@@ -86,6 +96,38 @@ class StanzaServer(DataParallelServer):
         result.loss = float(loss.detach())
         return result
 
+    # -- several servers: the workers keep the conv stack, this server its group's head --------------
+    def start(self, schedule: Schedule) -> None:
+        """With several servers, send the workers the conv stack's state: they step it themselves."""
+        if self.group is not None:
+            self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.params(schedule.start))
+
+    def group_round(self, step: Step) -> RoundResult:
+        """Run the head on the features of every worker of this group; send them their features' gradients."""
+        it = step.iteration
+        self.group.begin(len(step.indices))
+        arrived = self.link.collect(self.link.expect(features_envelope(it)), self.link.n, rotate=False)
+        result = self.result(step, arrived)
+        labels = self.problem.dataset.train.labels_of(self.batch_indices(step))
+        x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
+        self.head_opt.zero_grad(set_to_none=True)
+        with self.group.batchnorm(self.cut.head):
+            loss = self.group.loss(self.cut.head(x), labels)
+        loss.backward()
+        result.loss = self.group.sum_gradients([self.head_opt], float(loss.detach()))
+        self.head_opt.step()
+        pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
+        self.link.send(pieces, feature_grads_envelope(it), [self.link.workers[j] for j in result.used])
+        return result
+
+    def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
+        """With several servers, take the conv stack's state from a worker (every worker holds the same)."""
+        if self.group is None:
+            return {}
+        state = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration), 1, rotate=False)
+        load_trunk_state(next(iter(state.data.values())), self.trunk, self.conv_opt, self.cut.trunk)
+        return {}
+
     def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
         """Return what a worker would send for its shard: conv gradients and running statistics."""
         for p in self.trunk:
@@ -103,6 +145,62 @@ class StanzaWorker(DataParallelWorker):
         placement = placement_of(settings, self.model)
         self.cut = cut_model(self.model, placement, settings.model.name)
         self.trunk = split_parameters(self.model, placement)[0]
+        self.with_syncs = link.across is not None  # several servers: this worker steps the conv stack
+        self.conv_opt = conv_optimizer(settings.optim, self.trunk) if self.with_syncs else None
+        self.pending: Optional[Callable[[], torch.Tensor]] = None  # the conv gradient sum in flight
+        self.schedule: Optional[Schedule] = None
+
+    def start(self, schedule: Schedule) -> None:
+        super().start(schedule)
+        self.schedule = schedule
+        if self.with_syncs:
+            load_trunk_state(self.link.take(Msg.params(schedule.start)), self.trunk, self.conv_opt, self.cut.trunk)
+
+    def step(self, step: Step, after: Event) -> None:
+        if not self.with_syncs:
+            super().step(step, after)
+            return
+        self.settle()
+        it = step.iteration
+        images, labels = self.dataset.train.fetch(self.my_shard(step.indices))
+        t0 = time.perf_counter()
+        for p in self.trunk:
+            p.grad = None
+        with self.link.busy():
+            features = self.cut.trunk(images)
+        self.straggle(it, t0)
+        self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
+        grad = self.link.take(feature_grads_envelope(it))
+        t0 = time.perf_counter()
+        with self.link.busy():
+            features.backward(grad)
+        share = len(images) / len(step.indices)  # running statistics: the mean over all workers, by samples
+        vector = torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk)) * share])
+        self.straggle(it, t0)
+        scale_lr([self.conv_opt], self.schedule.lr_factor(it))
+        self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
+                                 self.link.progress)
+        self.link.report.sent()
+
+    def settle(self) -> None:
+        """Step the conv stack with the summed gradients of the last iteration, if their sum is in flight."""
+        if self.pending is None:
+            return
+        total, self.pending = self.pending(), None
+        count = sum(p.numel() for p in self.trunk)
+        set_grads(self.trunk, total[:count])
+        self.conv_opt.step()
+        assign(running_stats(self.cut.trunk), total[count:])
+
+    def sync(self, iteration: int) -> None:
+        """Send the server the conv stack's state (several servers: this worker steps it)."""
+        self.link.take(Msg.state(iteration))
+        self.settle()
+        self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.state_reply(iteration))
+
+    def close(self) -> None:
+        self.settle()
+        super().close()
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
@@ -128,15 +226,49 @@ class StanzaWorker(DataParallelWorker):
         self.link.reply(vector, Msg.grads(it))
 
 
-def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement) -> Tuple[int, int]:
-    """Return the payload bytes rank 0 sends and receives per iteration: (sent, received).
+def trunk_state(trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer, module: nn.Module) -> torch.Tensor:
+    """Return the conv stack's parameters, momentum buffers (zeros without) and running statistics, flat."""
+    momentum = [opt.state.get(p, {}).get("momentum_buffer") for p in trunk]
+    buffers = [torch.zeros_like(p) if m is None else m for p, m in zip(trunk, momentum)]
+    return torch.cat([flat(trunk), flat(buffers), flat(running_stats(module))])
 
-    Sent: the trunk's parameters to each of the n workers and the feature gradients of the batch.
-    Received: the features of the batch and each worker's trunk gradients and running statistics.
+
+def load_trunk_state(state: torch.Tensor, trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer,
+                     module: nn.Module) -> None:
+    """Set the conv stack's parameters, momentum buffers and running statistics from `trunk_state`."""
+    count = sum(p.numel() for p in trunk)
+    assign(trunk, state[:count])
+    if opt.defaults.get("momentum", 0.0) > 0:
+        buffers = [torch.empty_like(p) for p in trunk]
+        assign(buffers, state[count:2 * count])
+        for p, buf in zip(trunk, buffers):
+            opt.state[p]["momentum_buffer"] = buf
+    assign(running_stats(module), state[2 * count:])
+
+
+def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
+                          group: int = 0) -> Tuple[int, int]:
+    """Return the payload bytes a group's server sends to and receives from its workers per iteration: (sent,
+    received).
+
+    Sent: the trunk's parameters to each of the n workers (one server only: with several, the workers
+    step the trunk themselves) and the feature gradients of the batch (with several servers, of the
+    group's part). Received: the features, and with one server each worker's trunk gradients and
+    running statistics.
     """
-    n, batch = settings.code.n, settings.data.batch_size
+    n, batch = settings.code.n, part_size(settings.data.batch_size, group, settings.run.servers)
     cut = cut_model(model, placement, settings.model.name)
-    conv = sum(p.numel() for p in split_parameters(model, placement)[0])
     features = batch * math.prod(cut.feature_shape)
+    if settings.run.servers > 1:
+        return 4 * features, 4 * features
+    conv = sum(p.numel() for p in split_parameters(model, placement)[0])
     stats = sum(s.numel() for s in running_stats(cut.trunk))
     return 4 * (n * conv + features), 4 * (features + n * (conv + stats))
+
+
+def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:
+    """Return the payload bytes a server sums with the others per iteration: the head's gradients and its
+    BatchNorm sums (groups.sync_bytes)."""
+    cut = cut_model(model, placement, settings.model.name)
+    head = sum(p.numel() for p in split_parameters(model, placement)[1])
+    return sync_bytes(head, [m for m in cut.head.modules() if isinstance(m, _BatchNorm)])

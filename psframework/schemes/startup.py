@@ -78,7 +78,7 @@ def preflight(settings: Settings, rank: int, comm: Any = None) -> Opening:
     check_cuda_aware(settings.transport.cuda_aware, comm)
     if rank != 0:
         check_device(settings.device, rank)
-        check_memory(settings, WORKER)
+        check_memory(settings, SERVER if rank % (settings.code.n + 1) == 0 else WORKER)  # other servers: G > 1
         return Opening()
     check_machine(settings)
     check_memory(settings, SERVER)
