@@ -12,14 +12,14 @@ import shlex
 import pytest
 import yaml
 
-from psframework.bench import cases, codec, comm, runs, schemes, stragglers
+from psframework.bench import cases, codec, comm, runs, scaleout, schemes, stragglers
 from psframework.bench import expectations as expect
 from psframework.bench import report as rep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
 REPORTS = {"codec.json": codec.render, "one-thread/codec.json": codec.render, "comm.json": comm.render,
-           "schemes.json": schemes.render, "stragglers.json": stragglers.render}
+           "scaleout.json": scaleout.render, "schemes.json": schemes.render, "stragglers.json": stragglers.render}
 
 
 def block(**entries) -> dict:
@@ -103,7 +103,7 @@ def test_load_reads_one_benchmark_block(tmp_path):
 def test_the_project_expectations_file_parses_and_covers_every_benchmark():
     with open(os.path.join(DOCS, "expectations.yaml")) as fh:
         data = yaml.safe_load(fh)
-    assert set(data) == {"codec", "comm", "schemes", "stragglers"}
+    assert set(data) == {"codec", "comm", "scaleout", "schemes", "stragglers"}
     for name in data:
         assert expect.parse_block(expect.load(os.path.join(DOCS, "expectations.yaml"), name))
 
@@ -535,3 +535,50 @@ def test_fewer_received_bytes_than_counted_are_no_contradiction_more_are():
     assert schemes.figures({"a": case(100, 51)}) == {"analytic_bytes_mismatches": 1}
     assert schemes.figures({"a": case(99, 50)}) == {"analytic_bytes_mismatches": 1}
     assert schemes.figures({"a": {"analytic_bytes": None}}) == {"analytic_bytes_mismatches": 0}
+
+
+def test_the_scaleout_case_file_plans_every_scheme_and_server_count(in_root):
+    plan = runs.plan(cases.load(scaleout.BENCHMARK.cases_file), [])
+    labels = [c.label for c in plan]
+    assert labels[:3] == ["ps, G=1, 1 Gb/s", "ps, G=2, 1 Gb/s", "ps, G=4, 1 Gb/s"] and len(labels) == 18
+    assert labels[9] == "ps, G=1, no emulation"
+    assert [runs.case_inputs(c, [])["ranks"] for c in plan][:9] == [5, 6, 8, 5, 6, 8, 4, 8, 16]
+
+
+def scaleout_summary(scheme: str, servers: int, mean_s: float, emulated: bool) -> dict:
+    per_server = [{"group": g, "bytes_sent_per_iteration": 8e6 / servers, "bytes_received_per_iteration": 4e6,
+                   "sync_bytes_per_iteration": 1e6 if servers > 1 else 0.0} for g in range(servers)]
+    analytic = [{"group": g, "sent": 8e6 / servers, "received": 4e6, "sync": 1e6 if servers > 1 else 0}
+                for g in range(servers)]
+    link = analytic and scaleout.link_seconds(analytic, 1.0 if emulated else None)
+    return dict(training_summary(scheme, 4, None, mean_s, 8e6, 4e6), servers=per_server if servers > 1 else None,
+                world_size=5 * servers, analytic_servers=analytic, analytic_link_s=link,
+                emulation={"bandwidth_gbps": 1.0} if emulated else None)
+
+
+def test_scaleout_predicts_each_speedup_from_the_local_time_and_the_busiest_link():
+    assert scaleout.link_seconds([{"sent": 1e9, "sync": 0}, {"sent": 5e8, "sync": 5e8 + 125e6}], 8.0) == 1.125
+    assert scaleout.link_seconds([{"sent": 1e9, "sync": 0}], None) == 0.0
+    summaries = {"a": scaleout_summary("ps", 1, 0.164, True), "b": scaleout_summary("ps", 2, 0.1, True),
+                 "c": scaleout_summary("ps", 1, 0.1, False), "d": scaleout_summary("ps", 2, 0.05, False)}
+    rows = scaleout.figures(summaries)["scaleout"]
+    assert [(r["servers"], r["link_s"]) for r in rows] == [(1, 0.064), (2, 0.04)]
+    two = rows[1]
+    assert two["predicted_s"] == pytest.approx(0.09) and two["speedup"] == pytest.approx(1.64)
+    assert two["predicted_speedup"] == pytest.approx(0.164 / 0.09)
+    assert two["gap"] == pytest.approx(1.64 / (0.164 / 0.09) - 1)
+    report = {"benchmark": "scaleout", "command": "psf bench scaleout", "machine": "Test machine", "date": "x",
+              "inputs": {"cases": {}, "text": {}}, "cases": {k: dict(v, label=k) for k, v in summaries.items()},
+              **scaleout.figures(summaries)}
+    md = scaleout.render(report, block(ps=("scaleout[scheme=ps,servers=2].speedup", 1.4, None)))
+    assert "| ps | 2 | 4 | 100.0 | 50.0 | 40.0 | 90.0 | 1.64 | 1.82 | -10.0 |" in md
+    server = "3.81 (3.81) / 3.81 (3.81) / 0.95 (0.95)"
+    assert f"| b | 10 | 100.0 | {server}<br>{server} |" in md
+    assert "(at least 1.4): 1.64, **met**" in md
+
+
+def test_repeated_cases_report_their_median_run():
+    runs_ = [{"mean_iteration_s": t, "run": i} for i, t in enumerate([0.3, 0.1, 0.2])]
+    chosen = runs.median_run(runs_)
+    assert chosen["run"] == 2 and chosen["repeat_iteration_s"] == [0.3, 0.1, 0.2]
+    assert runs.median_run(runs_[:2])["run"] == 1  # an even count: the lower of the two middle runs

@@ -279,3 +279,13 @@ def test_a_preempted_run_of_several_servers_resumes_to_the_reference(tmp_path, r
     proc = run_mpi(ranks, ["-m", "psframework", "train", *args, "train.resume=auto"], timeout=300)
     assert proc.returncode == 0, describe(proc)
     assert_matches(tmp_path / "cut", request.getfixturevalue(reference_name))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_world_that_does_not_fit_the_groups_is_one_line_under_mpiexec(tmp_path):
+    proc = run_mpi(6, ["-m", "psframework", "train", CONFIG, f"output.dir={tmp_path}", *GROUPS], timeout=60)
+    assert proc.returncode == 2
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("psf:")]
+    assert lines == ["psf: error: world size 6 does not fit train.servers=2 with code.n=3: scheme sazd needs "
+                     "G*(n+1) = 8 ranks (2 groups of 1 server + 3 workers); launch with mpiexec -n 8"]

@@ -22,6 +22,11 @@ from psframework.launch import run_mpi
 MIB = 2.0 ** 20
 
 
+def mib(count: Optional[float]) -> str:
+    """Return a byte count in MiB with two decimals ("" for none)."""
+    return "" if count is None else f"{count / MIB:.2f}"
+
+
 @dataclass(frozen=True)
 class Case:
     """One training job: its role in the ratios and text, its label in the table, its config and overrides."""
@@ -62,6 +67,8 @@ class TrainingBenchmark:
                             help="train the case file's config NAME from PATH instead (repeatable)")
         parser.add_argument("--iterations", type=int, default=None, help="override train.max_iterations")
         parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
+        parser.add_argument("--repeat", type=int, default=1, metavar="R",
+                            help="train every case R times (passes over all cases); report each case's median run")
         parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every case")
         return parser
 
@@ -71,6 +78,8 @@ class TrainingBenchmark:
 
         if args.iterations is not None and args.iterations < 2:
             return rep.fail(self.prog, f"--iterations got {args.iterations}, expected at least 2")
+        if args.repeat < 1:
+            return rep.fail(self.prog, f"--repeat got {args.repeat}, expected at least 1")
         iterations = [f"train.max_iterations={args.iterations}", f"train.eval_every={args.iterations}"]
         extra = list(args.overrides) + (iterations if args.iterations else [])
         try:
@@ -82,7 +91,7 @@ class TrainingBenchmark:
         if len(inputs) < len(cases):
             return rep.fail(self.prog, f"two cases share a label: {[c.label for c in cases]}; give them labels "
                             f"that differ in {args.cases}")
-        summaries = run_cases(self.prog, cases, inputs, extra, args.timeout, self.annotate)
+        summaries = run_cases(self.prog, cases, inputs, extra, args.timeout, self.annotate, args.repeat)
         report = {"benchmark": self.name, "command": rep.command_line(self.prog, argv), "machine": machine(),
                   "date": rep.today()}
         report.update(self.results(spec, cases, inputs, summaries, args.iterations, args.overrides))
@@ -207,19 +216,35 @@ def machine() -> str:
 
 
 def run_cases(prog: str, cases: Sequence[Case], inputs: Mapping[str, Dict[str, Any]], extra: Sequence[str],
-              timeout_s: float, annotate: Optional[Callable[[str, List[str], Dict], None]] = None) -> Dict[str, Dict]:
-    """Train every case with the `extra` overrides; return {label: summary}."""
-    summaries: Dict[str, Dict] = {}
+              timeout_s: float, annotate: Optional[Callable[[str, List[str], Dict], None]] = None,
+              repeat: int = 1) -> Dict[str, Dict]:
+    """Train every case with the `extra` overrides, all of them `repeat` times in turn; return {label: summary}.
+
+    With repeats a case's summary is that of its run with the median mean iteration time, and
+    `repeat_iteration_s` lists every run's (passes over all cases, so that a slow spell of the
+    machine falls on every case alike).
+    """
+    runs: Dict[str, List[Dict]] = {case.label: [] for case in cases}
     with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
-        for case in cases:
-            overrides = list(case.overrides) + list(extra)
-            summary = run_case(prog, case.label, case.config, inputs[case.label]["ranks"], overrides, tmp, timeout_s)
-            if annotate is not None:
-                annotate(case.config, overrides, summary)
-            summaries[case.label] = summary
-            print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
-                  f"{summary['server_bytes_sent_per_iteration'] / MIB:.2f} MiB/it", flush=True)
-    return summaries
+        for _ in range(repeat):
+            for case in cases:
+                overrides = list(case.overrides) + list(extra)
+                summary = run_case(prog, case.label, case.config, inputs[case.label]["ranks"], overrides, tmp,
+                                   timeout_s)
+                if annotate is not None:
+                    annotate(case.config, overrides, summary)
+                runs[case.label].append(summary)
+                print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
+                      f"{summary['server_bytes_sent_per_iteration'] / MIB:.2f} MiB/it", flush=True)
+    return {label: median_run(done) if repeat > 1 else done[0] for label, done in runs.items()}
+
+
+def median_run(summaries: Sequence[Dict]) -> Dict:
+    """Return the summary with the median mean iteration time, listing every run's time."""
+    ordered = sorted(summaries, key=lambda s: s["mean_iteration_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["repeat_iteration_s"] = [s["mean_iteration_s"] for s in summaries]
+    return chosen
 
 
 def link_text(link: Optional[Mapping[str, Any]], latency: bool = False) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from psframework.bench import cases as casefile
 from psframework.bench import expectations as expect
-from psframework.bench.runs import MIB, TrainingBenchmark, header
+from psframework.bench.runs import TrainingBenchmark, header, mib
 
 
 def analytic_servers(config: str, overrides: Sequence[str]) -> List[Dict[str, Any]]:
@@ -75,10 +75,6 @@ def figures(summaries: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {"scaleout": sorted(rows, key=lambda r: (r["scheme"], r["servers"]))}
 
 
-def _mib(value: Optional[float]) -> str:
-    return "" if value is None else f"{value / MIB:.2f}"
-
-
 def _case_row(label: str, s: Mapping[str, Any]) -> str:
     """Return one case's row: time and, per server, measured and analytic bytes."""
     servers = s.get("servers") or [{"group": 0, "bytes_sent_per_iteration": s["server_bytes_sent_per_iteration"],
@@ -88,10 +84,12 @@ def _case_row(label: str, s: Mapping[str, Any]) -> str:
     cells = []
     for server in servers:
         a = analytic[server["group"]]
-        cells.append(f"{_mib(server['bytes_sent_per_iteration'])} ({_mib(a['sent'])}) / "
-                     f"{_mib(server['bytes_received_per_iteration'])} ({_mib(a['received'])}) / "
-                     f"{_mib(server['sync_bytes_per_iteration'])} ({_mib(a['sync'])})")
-    return f"| {label} | {s['world_size']} | {s['mean_iteration_s'] * 1e3:.1f} | {'<br>'.join(cells)} |"
+        cells.append(f"{mib(server['bytes_sent_per_iteration'])} ({mib(a['sent'])}) / "
+                     f"{mib(server['bytes_received_per_iteration'])} ({mib(a['received'])}) / "
+                     f"{mib(server['sync_bytes_per_iteration'])} ({mib(a['sync'])})")
+    runs = s.get("repeat_iteration_s")
+    each = f" ({', '.join(f'{t * 1e3:.1f}' for t in runs)})" if runs else ""
+    return f"| {label} | {s['world_size']} | {s['mean_iteration_s'] * 1e3:.1f}{each} | {'<br>'.join(cells)} |"
 
 
 def _speedup_row(r: Mapping[str, Any]) -> str:
@@ -109,7 +107,8 @@ def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None
     ctx = casefile.context(report)
     lines = header(report, "Scale-out benchmark") + casefile.paragraph(report, "intro", ctx) + [
         "Per case, per server (one line each): MiB sent to its workers / received from them / summed with the "
-        "other servers per iteration, measured (analytic). Mean iteration time excludes the first iteration.",
+        "other servers per iteration, measured (analytic). Mean iteration time excludes the first iteration; with "
+        "repeats (`--repeat`), the median run's, every run's in brackets.",
         "",
         "| case | ranks | mean iteration (ms) | per server: sent / received / summed MiB per iteration |",
         "|---|---:|---:|---|",

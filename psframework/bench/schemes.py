@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework.bench import cases as casefile
 from psframework.bench import expectations as expect
-from psframework.bench.runs import MIB, TrainingBenchmark, case_rows, header, link_text
+from psframework.bench.runs import MIB, TrainingBenchmark, case_rows, header, link_text, mib
 
 
 def analytic_bytes(config: str, overrides: Sequence[str]) -> Optional[Tuple[int, int]]:
@@ -39,10 +39,6 @@ def figures(summaries: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
                                              for s in summaries.values())}
 
 
-def _mib(count: Optional[float]) -> str:
-    return "" if count is None else f"{count / MIB:.2f}"
-
-
 def _row(label: str, s: Mapping[str, Any], case: Mapping[str, Any]) -> str:
     """Return one case's table row."""
     sent, received = s.get("analytic_bytes") or (None, None)
@@ -50,7 +46,7 @@ def _row(label: str, s: Mapping[str, Any], case: Mapping[str, Any]) -> str:
     wait = (s.get("emulation") or {}).get("server_send_delay_s", 0.0) / max(1, s["iterations"])
     return (f"| {label} | {s['n']} | {'' if s['k'] is None else s['k']} | {link} | "
             f"{s['mean_iteration_s'] * 1e3:.1f} | {s['server_bytes_sent_per_iteration'] / MIB:.2f} | "
-            f"{_mib(sent)} | {s['server_bytes_received_per_iteration'] / MIB:.2f} | {_mib(received)} | "
+            f"{mib(sent)} | {s['server_bytes_received_per_iteration'] / MIB:.2f} | {mib(received)} | "
             f"{s['final_test_accuracy']:.3f} | {wait * 1e3:.1f} |")
 
 
