@@ -78,6 +78,9 @@ def setup_roles(comm: Any = None, groups: int = 1) -> Roles:
     """Split the communicator into `groups` groups of a server and its workers; collective over comm."""
     comm = MPI.COMM_WORLD if comm is None else comm
     size, rank = comm.Get_size(), comm.Get_rank()
+    if groups == 1 and size < 2:
+        raise ValueError(f"world size: got {size}, expected at least 2 MPI processes (1 server + n workers); "
+                         "launch with mpiexec -n N python -m mpi4py -m psframework ...")
     if size < 2 * groups or size % groups:
         raise ValueError(f"world size: got {size}, expected {groups} groups of 1 server + n workers "
                          f"(a multiple of {groups}, at least {2 * groups}); launch with mpiexec -n G*(n+1) "
