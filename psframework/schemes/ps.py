@@ -72,19 +72,25 @@ class PSServer(DataParallelServer):
         values = flat(params)
         momentum = flat([self.optimizer_of(p).state.get(p, {}).get("momentum_buffer", torch.zeros_like(p))
                          for p in params])
-        kinds = torch.cat([torch.full((p.numel(),), id(p) in head, dtype=torch.bool) for p in params])
         lo, hi = shard_range(values.numel(), self.group.index, self.group.count)
-        regions, start = [], lo
-        while start < hi:
-            stop = start + 1
-            while stop < hi and kinds[stop] == kinds[start]:
-                stop += 1
+        runs: List[List[Any]] = []  # [start, stop, is head] of consecutive parameters of one kind, in the shard
+        offset = 0
+        for p in params:
+            start, stop, kind = max(offset, lo), min(offset + p.numel(), hi), id(p) in head
+            offset += p.numel()
+            if start >= stop:
+                continue
+            if runs and runs[-1][2] == kind and runs[-1][1] == start:
+                runs[-1][1] = stop
+            else:
+                runs.append([start, stop, kind])
+        regions = []
+        for start, stop, kind in runs:
             value = torch.nn.Parameter(values[start:stop].clone())
-            opt = (head_optimizer if kinds[start] else conv_optimizer)(self.settings.optim, [value])
+            opt = (head_optimizer if kind else conv_optimizer)(self.settings.optim, [value])
             if self.settings.optim.momentum > 0:
                 opt.state[value]["momentum_buffer"] = momentum[start:stop].clone()
             regions.append(Region(start, stop, value, opt))
-            start = stop
         return regions
 
     def optimizer_of(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:

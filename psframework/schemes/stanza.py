@@ -162,21 +162,10 @@ class StanzaWorker(DataParallelWorker):
             return
         self.settle()
         it = step.iteration
-        images, labels = self.dataset.train.fetch(self.my_shard(step.indices))
-        t0 = time.perf_counter()
-        for p in self.trunk:
-            p.grad = None
-        with self.link.busy():
-            features = self.cut.trunk(images)
-        self.straggle(it, t0)
-        self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
-        grad = self.link.take(feature_grads_envelope(it))
-        t0 = time.perf_counter()
-        with self.link.busy():
-            features.backward(grad)
+        images = self.dataset.train.fetch(self.my_shard(step.indices))[0]
+        features = self.forward(it, images)
         share = len(images) / len(step.indices)  # running statistics: the mean over all workers, by samples
-        vector = torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk)) * share])
-        self.straggle(it, t0)
+        vector = self.backward(it, features, share)
         scale_lr([self.conv_opt], self.schedule.lr_factor(it))
         self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
                                  self.link.progress)
@@ -204,26 +193,36 @@ class StanzaWorker(DataParallelWorker):
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
-        it, conv = step.iteration, self.trunk
-        assign(conv, params)
-        t0 = time.perf_counter()
-        for p in conv:
-            p.grad = None
-        with self.link.busy():
-            features = self.cut.trunk(images)
-        self.straggle(it, t0)
-        self.link.reply(features.detach().contiguous(), features_envelope(it), count=False)
+        it = step.iteration
+        assign(self.trunk, params)
+        features = self.forward(it, images)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next round or stop).
         if self.link.first_of([feature_grads_envelope(it), self.opening(after)]) == 1:
             self.link.report.skipped()
             return
-        grad = self.link.take(feature_grads_envelope(it))
+        self.link.reply(self.backward(it, features, 1.0), Msg.grads(it))
+
+    def forward(self, iteration: int, images: torch.Tensor) -> torch.Tensor:
+        """Run the conv stack on this worker's shard and send the features to the server; return them."""
+        t0 = time.perf_counter()
+        for p in self.trunk:
+            p.grad = None
+        with self.link.busy():
+            features = self.cut.trunk(images)
+        self.straggle(iteration, t0)
+        self.link.reply(features.detach().contiguous(), features_envelope(iteration), count=False)
+        return features
+
+    def backward(self, iteration: int, features: torch.Tensor, share: float) -> torch.Tensor:
+        """Backpropagate the features' gradient from the server; return the conv gradients and the running
+        statistics (times `share`) as one vector."""
+        grad = self.link.take(feature_grads_envelope(iteration))
         t0 = time.perf_counter()
         with self.link.busy():
             features.backward(grad)
-        vector = torch.cat([flat([p.grad for p in conv]), flat(running_stats(self.cut.trunk))])
-        self.straggle(it, t0)
-        self.link.reply(vector, Msg.grads(it))
+        vector = torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk)) * share])
+        self.straggle(iteration, t0)
+        return vector
 
 
 def trunk_state(trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer, module: nn.Module) -> torch.Tensor:
