@@ -15,4 +15,5 @@ if [ "${PSF_LINT:-1}" != 0 ]; then
 fi
 # Outer bound for every mpiexec the tests start; pytest-timeout bounds each test as well.
 export MPIEXEC_TIMEOUT="${MPIEXEC_TIMEOUT:-120}"
-exec "$PSF_VENV/bin/python" -m pytest "$@"
+# The slowest tests are listed at the end: the suite's time is watched.
+exec "$PSF_VENV/bin/python" -m pytest --durations=20 "$@"

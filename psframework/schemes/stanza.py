@@ -9,7 +9,8 @@ and push the conv gradients, which rank 0 adds up (the feature gradients already
 features and feature gradients cross the network.
 
 With several servers (`train.servers: G`) every server hosts the head for its group's part of the
-batch and sums the head's gradients with the other servers; the workers hold the conv stack and
+batch, sends the feature gradients and then sums the head's gradients with the other servers while
+the workers backpropagate; the workers hold the conv stack and
 its optimizer themselves and sum their conv gradients (and BatchNorm running statistics, weighted
 by samples) over every worker of every group once per iteration, so that only features and
 feature gradients cross a server's link. Every worker is needed each iteration (no backup workers).
@@ -114,10 +115,11 @@ class StanzaServer(DataParallelServer):
         with self.group.batchnorm(self.cut.head):
             loss = self.group.loss(self.cut.head(x), labels)
         loss.backward()
-        result.loss = self.group.sum_gradients([self.head_opt], float(loss.detach()))
-        self.head_opt.step()
+        # The workers backpropagate while the servers sum the head's gradients: the sum is off their path.
         pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
         self.link.send(pieces, feature_grads_envelope(it), [self.link.workers[j] for j in result.used])
+        result.loss = self.group.sum_gradients([self.head_opt], float(loss.detach()))
+        self.head_opt.step()
         return result
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
