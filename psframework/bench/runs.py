@@ -235,7 +235,7 @@ def run_cases(prog: str, cases: Sequence[Case], inputs: Mapping[str, Dict[str, A
                     annotate(case.config, overrides, summary)
                 runs[case.label].append(summary)
                 print(f"  mean iteration {summary['mean_iteration_s'] * 1e3:.1f} ms, rank 0 sent "
-                      f"{summary['server_bytes_sent_per_iteration'] / MIB:.2f} MiB/it", flush=True)
+                      f"{mib(summary['server_bytes_sent_per_iteration'])} MiB/it", flush=True)
     return {label: median_run(done) if repeat > 1 else done[0] for label, done in runs.items()}
 
 

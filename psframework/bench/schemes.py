@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework.bench import cases as casefile
 from psframework.bench import expectations as expect
-from psframework.bench.runs import MIB, TrainingBenchmark, case_rows, header, link_text, mib
+from psframework.bench.runs import TrainingBenchmark, case_rows, header, link_text, mib
 
 
 def analytic_bytes(config: str, overrides: Sequence[str]) -> Optional[Tuple[int, int]]:
@@ -45,8 +45,8 @@ def _row(label: str, s: Mapping[str, Any], case: Mapping[str, Any]) -> str:
     link = link_text((case.get("setting") or {}).get("link"), latency=True) if case else ""
     wait = (s.get("emulation") or {}).get("server_send_delay_s", 0.0) / max(1, s["iterations"])
     return (f"| {label} | {s['n']} | {'' if s['k'] is None else s['k']} | {link} | "
-            f"{s['mean_iteration_s'] * 1e3:.1f} | {s['server_bytes_sent_per_iteration'] / MIB:.2f} | "
-            f"{mib(sent)} | {s['server_bytes_received_per_iteration'] / MIB:.2f} | {mib(received)} | "
+            f"{s['mean_iteration_s'] * 1e3:.1f} | {mib(s['server_bytes_sent_per_iteration'])} | "
+            f"{mib(sent)} | {mib(s['server_bytes_received_per_iteration'])} | {mib(received)} | "
             f"{s['final_test_accuracy']:.3f} | {wait * 1e3:.1f} |")
 
 

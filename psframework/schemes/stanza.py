@@ -10,10 +10,10 @@ features and feature gradients cross the network.
 
 With several servers (`train.servers: G`) every server hosts the head for its group's part of the
 batch, sends the feature gradients and then sums the head's gradients with the other servers while
-the workers backpropagate; the workers hold the conv stack and
-its optimizer themselves and sum their conv gradients (and BatchNorm running statistics, weighted
-by samples) over every worker of every group once per iteration, so that only features and
-feature gradients cross a server's link. Every worker is needed each iteration (no backup workers).
+the workers backpropagate; the workers hold the conv stack and its optimizer themselves and sum
+their conv gradients (and BatchNorm running statistics, weighted by samples) over every worker of
+every group once per iteration, so that only features and feature gradients cross a server's link.
+Every worker is needed each iteration (no backup workers).
 """
 
 from __future__ import annotations
