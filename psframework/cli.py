@@ -24,6 +24,7 @@ EXIT_FAILURE = 1
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
+    "peers": "psframework.bench.peers",
     "scaleout": "psframework.bench.scaleout",
     "schemes": "psframework.bench.schemes",
     "stragglers": "psframework.bench.stragglers",

@@ -159,3 +159,29 @@ def check_against_reference(code, reference, model, workers, codings, placement)
     for key, b in reference.named_buffers():
         if b.is_floating_point():
             assert rel_err(buffers[key], b) < 1e-4, key
+
+
+def test_an_update_waits_until_the_worker_has_time_and_is_then_exact():
+    import copy
+
+    *_, workers, codings, placement = train_both(SAZDCode(4, 3), ["model.name=lenet5"], 2)
+    layer = 1  # a layer with a column copy: two pieces of work, then the step
+    eager, lazy, half = (copy.deepcopy(workers[2]) for _ in range(3))
+    x = torch.randn(8, codings[layer].in_channels, 12, 12, generator=torch.Generator().manual_seed(3))
+    for w in (eager, lazy, half):
+        w.on_forward(layer, x)
+    dy = torch.randn(8, codings[layer].out_channels, 8, 8, generator=torch.Generator().manual_seed(4))
+    before = [t.clone() for t in lazy.weights[layer].tensors()]
+    eager.update(layer, dy)
+    eager.settle(layer)
+    lazy.update(layer, dy)
+    assert lazy.has_update(layer) and all(torch.equal(a, b) for a, b in zip(before, lazy.weights[layer].tensors()))
+    assert lazy.work(layer) is True  # the row copy's gradients: the column copy's are left
+    assert all(torch.equal(a, b) for a, b in zip(before, lazy.weights[layer].tensors()))
+    assert lazy.work(layer) is False and not lazy.has_update(layer)
+    assert all(torch.equal(a, b) for a, b in zip(eager.weights[layer].tensors(), lazy.weights[layer].tensors()))
+    # The iteration's learning-rate factor goes with the update: half the rate, half the step.
+    half.update(layer, dy, lr_factor=0.5)
+    half.settle()
+    for b, e, h in zip(before, eager.weights[layer].tensors(), half.weights[layer].tensors()):
+        assert torch.allclose(b - h, 0.5 * (b - e), rtol=1e-3, atol=1e-8)

@@ -1,4 +1,4 @@
-"""Network emulation: the transfer time of a message on an emulated link, and the wait it costs the sender."""
+"""Network emulation: the transfer time of a message on an emulated link, its queue, and when a message may go."""
 
 from __future__ import annotations
 
@@ -16,16 +16,28 @@ def test_transfer_time_is_bytes_over_bandwidth_plus_latency():
     assert LinkEmulator(latency_us=20.0).transfer_s(10**9) == pytest.approx(20e-6)  # unlimited bandwidth
 
 
-def test_sender_waits_at_least_the_transfer_time_and_it_is_recorded():
+def test_messages_queue_on_the_link_without_holding_the_sender_up():
     link = LinkEmulator(bandwidth_gbps=1.0, latency_us=100.0)
     sizes = [125_000, 0, 2_500_000]  # 1 ms, 0, 20 ms of wire time
     start = time.perf_counter()
-    for nbytes in sizes:
-        link(1, None, nbytes)
+    dues = [link(1, None, nbytes) for nbytes in sizes]
     elapsed = time.perf_counter() - start
+    assert elapsed < 5e-3  # the sender goes on at once
+    wire = 0.0
+    for nbytes, due in zip(sizes, dues):  # each waits for the ones before it, then crosses
+        wire += link.wire_s(nbytes)
+        assert due >= start + wire + 100e-6
+    assert dues == sorted(dues)
     least = sum(link.transfer_s(n) for n in sizes)
-    assert elapsed >= least and link.delayed_s >= least
-    assert link.messages == 3
+    assert link.delayed_s >= least and link.messages == 3
+
+
+def test_a_blocking_transfer_waits_for_the_link():
+    link = LinkEmulator(bandwidth_gbps=1.0)
+    link(1, None, 1_250_000)  # 10 ms queued first
+    start = time.perf_counter()
+    link.wait(1_250_000)  # another 10 ms after it
+    assert time.perf_counter() - start >= 0.02 - 1e-4
 
 
 def test_off_means_no_emulator():

@@ -17,6 +17,8 @@ Layout helpers:
   join_blocks(blocks, axis=0, length=None) -> array   join decoded blocks, dropping the padding
   choose_symbol_size(channels_per_block, max_symbols)  elements per symbol keeping L <= max_symbols
   plan_layout(length, k, max_symbols=None, symbol_size=None) -> BlockLayout
+  wide_layout(length, k, padding) -> BlockLayout       the widest symbols within WIDE_OVERHEAD extra
+                                                      bytes per packet (bit-exact coding of integers)
   max_symbols_within(code, budget, ...) -> int         largest L whose measured worst-case error fits
   measure_decode_error(code, symbols, ...) -> ErrorReport
 Bit-exact transport:
@@ -29,7 +31,8 @@ from psframework.codes.accuracy import ErrorReport, arrival_sets, max_symbols_wi
 from psframework.codes.base import Code
 from psframework.codes.bits import from_bits, to_bits
 from psframework.codes.factory import CODE_KINDS, make_code
-from psframework.codes.layout import BlockLayout, choose_symbol_size, join_blocks, plan_layout, split_blocks
+from psframework.codes.layout import (WIDE_OVERHEAD, BlockLayout, choose_symbol_size, join_blocks,
+                                      plan_layout, split_blocks, wide_layout)
 from psframework.codes.poly import NODES, PolyCode, UncodedCode, vandermonde_nodes
 from psframework.codes.sazd import SAZDCode, has_increasing_difference, nonsystematic_shifts, systematic_shifts
 from psframework.codes.threads import get_decode_threads, set_decode_threads
@@ -40,5 +43,5 @@ __all__ = [
     "Schedule", "UncodedCode", "arrival_sets", "choose_symbol_size", "compile_schedule", "from_bits",
     "get_decode_threads", "has_increasing_difference", "join_blocks", "make_code", "max_symbols_within",
     "measure_decode_error", "nonsystematic_shifts", "plan_layout", "set_decode_threads", "split_blocks",
-    "systematic_shifts", "to_bits", "vandermonde_nodes",
+    "systematic_shifts", "to_bits", "vandermonde_nodes", "WIDE_OVERHEAD", "wide_layout",
 ]

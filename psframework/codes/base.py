@@ -90,6 +90,11 @@ class Code(ABC):
     def encode(self, blocks: Sequence[Any], axis: int = 0, symbol_size: int = 1) -> List[Any]:
         """Encode k equally shaped blocks into n packets along `axis`."""
 
+    def encode_packet(self, blocks: Sequence[Any], j: int, axis: int = 0, symbol_size: int = 1) -> Any:
+        """Return packet j alone (what a worker needs of its own packet), as `encode(...)[j]` would."""
+        j = self._check_indices([j])[0]
+        return self.encode(blocks, axis, symbol_size)[j]
+
     @abstractmethod
     def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1) -> List[Any]:
         """Decode the k blocks from at least k packets given as {packet index: array}."""

@@ -8,6 +8,7 @@ into symbols until L fits a budget (see `psframework.codes.accuracy` for measure
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -66,6 +67,33 @@ class BlockLayout:
         return self.padded_length - self.length
 
 
+# Wide symbols: packets are `padding` symbols longer than a block, so L = padding / WIDE_OVERHEAD
+# symbols per block keep the extra bytes within this fraction. Bit-exact (integer) coding has no
+# rounding error to bound, so this is the only limit on the symbol width. Compiling a schedule takes
+# about 0.3-0.7 ms per symbol and decoding makes about 6 array calls per symbol, so L stays within
+# WIDE_MAX_SYMBOLS: codes with long shifts (non-systematic ones, or many parity packets) pay more bytes.
+WIDE_OVERHEAD = 1 / 32
+WIDE_MAX_SYMBOLS = 128
+
+
+def wide_layout(length: int, k: int, padding: int, max_overhead: float = WIDE_OVERHEAD) -> BlockLayout:
+    """Return the layout of `length` elements in k blocks of the fewest, widest symbols a code allows.
+
+    A code whose packets are `padding` symbols longer than a block gets L = ceil(padding / max_overhead)
+    symbols per block (one when it pads nothing), at most WIDE_MAX_SYMBOLS, so its packets carry about
+    `max_overhead` more than a block (padding / WIDE_MAX_SYMBOLS where that is more). Decoding then
+    costs a number of array calls set by the code alone, however long the tensor, each call moving a
+    whole symbol at memory speed.
+    """
+    length = check_int(length, "length", 1)
+    k = check_int(k, "k", 1)
+    padding = check_int(padding, "padding", 0)
+    if not 0 < max_overhead <= 1:
+        raise ValueError(f"max_overhead must be in (0, 1], got {max_overhead!r}")
+    symbols = min(max(1, math.ceil(padding / max_overhead)), WIDE_MAX_SYMBOLS, _ceil_div(length, k))
+    return BlockLayout(length, k, _ceil_div(length, k * symbols))
+
+
 def plan_layout(length: int, k: int, max_symbols: Optional[int] = None, symbol_size: Optional[int] = None
                 ) -> BlockLayout:
     """Return the layout of `length` elements in k blocks, with a given symbol size or one chosen for `max_symbols`."""
@@ -81,22 +109,30 @@ def plan_layout(length: int, k: int, max_symbols: Optional[int] = None, symbol_s
 def split_blocks(x: Any, k: int, axis: int = 0, symbol_size: int = 1) -> List[Any]:
     """Cut `x` along `axis` into k equal blocks, zero-padding its length to a multiple of k * symbol_size.
 
-    Without padding the blocks are views of `x`; with padding they are views of a padded copy.
+    Blocks that lie within `x` are views of it; a block that reaches past its end is a zero-padded copy
+    of what it holds of `x` (so padding copies at most one block's worth, not the whole tensor).
     """
     backend = arithmetic_backend(x)
     backend.check_dtype(x.dtype)
     x = backend.prepare(x)
     axis = check_axis(axis, len(x.shape))
     layout = BlockLayout(check_int(x.shape[axis], "length along the axis", 1), k, symbol_size)
-    if layout.padding:
-        shape = list(x.shape)
-        shape[axis] = layout.padded_length
-        padded = backend.empty(shape, like=x)
-        backend.copy(padded[axis_index(axis, 0, layout.length)], x)
-        backend.fill_zero(padded[axis_index(axis, layout.length, layout.padded_length)])
-        x = padded
     step = layout.block_length
-    return [x[axis_index(axis, i * step, (i + 1) * step)] for i in range(layout.k)]
+    blocks = []
+    for i in range(layout.k):
+        start, stop = i * step, (i + 1) * step
+        if stop <= layout.length:
+            blocks.append(x[axis_index(axis, start, stop)])
+            continue
+        shape = list(x.shape)
+        shape[axis] = step
+        block = backend.empty(shape, like=x)
+        held = max(0, layout.length - start)
+        if held:
+            backend.copy(block[axis_index(axis, 0, held)], x[axis_index(axis, start, layout.length)])
+        backend.fill_zero(block[axis_index(axis, held, step)])
+        blocks.append(block)
+    return blocks
 
 
 def join_blocks(blocks: Sequence[Any], axis: int = 0, length: Optional[int] = None) -> Any:

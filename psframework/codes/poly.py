@@ -61,6 +61,13 @@ class PolyCode(Code):
         self._require_floating(backend, blocks[0].dtype)
         return backend.combine(self.generator, blocks)
 
+    def encode_packet(self, blocks: Sequence[Any], j: int, axis: int = 0, symbol_size: int = 1) -> Any:
+        """Return packet j alone: one row of the generator."""
+        j = self._check_indices([j])[0]
+        backend, blocks, axis, _ = self._check_blocks(blocks, axis, symbol_size)
+        self._require_floating(backend, blocks[0].dtype)
+        return backend.combine(self.generator[j:j + 1], blocks)[0]
+
     def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1) -> List[Any]:
         """Return the k blocks, solved from the k lowest-indexed packets given."""
         backend, arrived, axis, _ = self._check_packets(packets, axis, symbol_size)
@@ -88,6 +95,12 @@ class UncodedCode(Code):
         """Return copies of the blocks."""
         backend, blocks, axis, _ = self._check_blocks(blocks, axis, symbol_size)
         return [_copy(backend, b) for b in blocks]
+
+    def encode_packet(self, blocks: Sequence[Any], j: int, axis: int = 0, symbol_size: int = 1) -> Any:
+        """Return a copy of block j."""
+        j = self._check_indices([j])[0]
+        backend, blocks, axis, _ = self._check_blocks(blocks, axis, symbol_size)
+        return _copy(backend, blocks[j])
 
     def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1) -> List[Any]:
         """Return copies of the k packets, in index order."""

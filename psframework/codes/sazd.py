@@ -83,28 +83,40 @@ class SAZDCode(Code):
         The packets are contiguous views of one array (one allocation).
         """
         backend, blocks, axis, L = self._check_blocks(blocks, axis, symbol_size)
-        s = symbol_size
-        width = (L + self.padding) * s
-        shape = list(blocks[0].shape)
-        shape[axis] = width
         # One allocation for all packets: large fresh buffers cost page faults, one buffer costs them once.
-        store = backend.empty([self.n] + shape, like=blocks[0])
-        packets = []
-        for j, row in enumerate(self.shifts):
-            terms = sorted((int(row[i]), i) for i in range(self.k) if row[i] >= 0)
-            packet = store[j]
-            first_shift, first = terms[0]
-            start, stop = first_shift * s, (first_shift + L) * s
-            # The first block is copied, the bare ends are zeroed, the rest is added on top.
-            backend.copy(packet[axis_index(axis, start, stop)], blocks[first])
-            if start:
-                backend.fill_zero(packet[axis_index(axis, 0, start)])
-            if stop < width:
-                backend.fill_zero(packet[axis_index(axis, stop, width)])
-            for shift, i in terms[1:]:
-                backend.iadd(packet[axis_index(axis, shift * s, (shift + L) * s)], blocks[i])
-            packets.append(packet)
-        return packets
+        store = backend.empty([self.n] + self._packet_shape(blocks[0], axis, L, symbol_size), like=blocks[0])
+        for j in range(self.n):
+            self._write_packet(backend, store[j], j, blocks, axis, L, symbol_size)
+        return [store[j] for j in range(self.n)]
+
+    def encode_packet(self, blocks: Sequence[Any], j: int, axis: int = 0, symbol_size: int = 1) -> Any:
+        """Return packet j alone: only its own shifted blocks are added."""
+        j = self._check_indices([j])[0]
+        backend, blocks, axis, L = self._check_blocks(blocks, axis, symbol_size)
+        packet = backend.empty(self._packet_shape(blocks[0], axis, L, symbol_size), like=blocks[0])
+        self._write_packet(backend, packet, j, blocks, axis, L, symbol_size)
+        return packet
+
+    def _packet_shape(self, block: Any, axis: int, L: int, symbol_size: int) -> List[int]:
+        shape = list(block.shape)
+        shape[axis] = (L + self.padding) * symbol_size
+        return shape
+
+    def _write_packet(self, backend: Any, packet: Any, j: int, blocks: Sequence[Any], axis: int, L: int,
+                      s: int) -> None:
+        """Write packet j into `packet`: the first block copied, the bare ends zeroed, the rest added on top."""
+        row = self.shifts[j]
+        width = (L + self.padding) * s
+        terms = sorted((int(row[i]), i) for i in range(self.k) if row[i] >= 0)
+        first_shift, first = terms[0]
+        start, stop = first_shift * s, (first_shift + L) * s
+        backend.copy(packet[axis_index(axis, start, stop)], blocks[first])
+        if start:
+            backend.fill_zero(packet[axis_index(axis, 0, start)])
+        if stop < width:
+            backend.fill_zero(packet[axis_index(axis, stop, width)])
+        for shift, i in terms[1:]:
+            backend.iadd(packet[axis_index(axis, shift * s, (shift + L) * s)], blocks[i])
 
     def decode(self, packets: Packets, axis: int = 0, symbol_size: int = 1, out: Any = None,
                threads: Optional[int] = None) -> List[Any]:

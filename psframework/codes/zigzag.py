@@ -150,7 +150,8 @@ class Schedule:
         calls = self.row_calls
         if not host:  # device arrays: one stream, no host threads
             run_backend_rows(backend, calls, canonical, rows)
-        elif outer * width * out.itemsize < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the threads
+            return
+        if outer * width * out.itemsize < 2 * MIN_STRIPE_SYMBOL_BYTES:  # never split, whatever the threads
             run_rows(calls, canonical, rows, blas=True)
         else:
             run_striped(calls, canonical, rows, plan_stripes(outer, width, out.itemsize, threads))
@@ -202,10 +203,19 @@ def run_rows(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any],
     Each strided sum adds its symbols in increasing order with one ufunc reduction, the same order for
     every column; with `blas`, sums of at most _BLAS_MAX_TERMS floating symbols are BLAS products.
     """
-    add_reduce, subtract, negative, add, matmul = np.add.reduce, np.subtract, np.negative, np.add, np.matmul
     dtype = rows.dtype.type  # the scalar type: a ufunc's dtype argument may not name a byte order
     blas = blas and rows.dtype in _BLAS_DTYPES
     scratch = np.empty((rows.shape[0], rows.shape[2]), dtype=rows.dtype)  # one symbol
+    # Integers wrap around by design (bit-exact coding): NumPy's overflow warning is no news. Each
+    # thread has its own error state, so it is set here, where every stripe runs.
+    with np.errstate(over="ignore"):
+        _run_calls(calls, packets, rows, scratch, dtype, blas)
+
+
+def _run_calls(calls: Sequence[Tuple[int, Any, Any, Any]], packets: Sequence[Any], rows: Any, scratch: Any,
+               dtype: Any, blas: bool) -> None:
+    """Execute canonical calls as run_rows describes, `scratch` holding one symbol."""
+    add_reduce, subtract, negative, add, matmul = np.add.reduce, np.subtract, np.negative, np.add, np.matmul
     for call, a, b, c in calls:
         if call == _NSUM:
             if blas and b <= _BLAS_MAX_TERMS:
@@ -280,7 +290,9 @@ def compile_uncached(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...],
 def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L: int) -> Schedule:
     T = np.array([shifts[j] for j in used], dtype=np.int64)  # slots x k
     present = T >= 0
-    block, symbol, slot = _peel(T, L, used)
+    # Error estimates of long non-systematic blocks outgrow float64: infinite ones still order the peeling.
+    with np.errstate(over="ignore"):
+        block, symbol, slot = _peel(T, L, used)
     levels = _levels(T, L, block, symbol, slot)
     ops: List[Op] = []
     for level in range(1, int(levels.max()) + 1):

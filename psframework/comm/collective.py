@@ -8,6 +8,7 @@ timeout. Payload bytes are counted as each rank's contribution out and the sum b
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -59,7 +60,7 @@ class Peers:
     """Ranks of one role that sum together; `names` are their world ranks, for the watchdog's message."""
 
     def __init__(self, comm: Any, names: Sequence[int], timeout_s: Optional[float], poll_sleep_s: float = 0.0,
-                 send_hook: Optional[Callable[[int, Any, int], None]] = None) -> None:
+                 send_hook: Optional[Callable[[int, Any, int], Optional[float]]] = None) -> None:
         self.comm = comm
         self.names = list(names)
         self.timeout_s = timeout_s
@@ -84,8 +85,10 @@ class Peers:
             raise ValueError(f"sum of {what}: expected a contiguous float32 or float64 NumPy array")
         self.stats.sent_bytes += values.nbytes
         self.stats.received_bytes += values.nbytes
-        if self.send_hook is not None:
-            self.send_hook(-1, None, values.nbytes)
+        if self.send_hook is not None:  # a sum is a blocking transfer: wait until the link has carried it
+            due = self.send_hook(-1, None, values.nbytes)
+            if due is not None:
+                time.sleep(max(0.0, due - time.perf_counter()))
         if self.size == 1:
             return Sum(self, values, None, what)
         request = self.comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM)

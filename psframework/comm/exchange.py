@@ -1,18 +1,26 @@
 """Point-to-point shard exchange among workers: the transport of the relay dissemination.
 
-Worker j holds packet j (received from the server), sends it to every other worker and receives
-theirs until it has k packets, counting its own: with a straggler-tolerant code any k suffice.
+Worker j holds packet j (received from the server), sends it to the other workers and receives
+theirs until it has k packets, counting its own: with a straggler-tolerant code any k suffice. It
+may send to k - 1 peers first and to the others later (`send_shard` with `peers`): when every
+worker does so in rotation, each gets the k - 1 packets it needs from the first sends, and the
+later ones only stand in for a peer that is slow.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from .envelope import Envelope
 from .errors import WatchdogTimeout
 from .transport import DEFAULT, FirstK, SendHandle, Transport
+
+
+def relay_order(rank: int, size: int) -> List[int]:
+    """Return the peers a rank sends its packet to, in order: rotated, so that each is some rank's first."""
+    return [(rank + i) % size for i in range(1, size)]
 
 
 @dataclass
@@ -28,10 +36,24 @@ class ShardExchange:
             handle.wait(timeout_s)
 
 
+def send_shard(transport: Transport, packet: Any, envelope: Envelope,
+               peers: Optional[Sequence[int]] = None) -> List[SendHandle]:
+    """Start sending `packet` to `peers` (default: every other rank of the transport); return the sends.
+
+    Packets of earlier iterations still kept from the peers are dropped first: they can no longer be needed.
+    """
+    everyone = relay_order(transport.rank, transport.size)
+    for peer in everyone:
+        transport.mailbox(peer).discard(lambda e: e.iteration >= envelope.iteration)
+    return [transport.isend(peer, packet, envelope) for peer in (everyone if peers is None else peers)]
+
+
 def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
-                    timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None) -> ShardExchange:
+                    timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None,
+                    sends: Optional[List[SendHandle]] = None) -> ShardExchange:
     """Send `packet` to every other rank of the transport and wait for k packets, own one included.
 
+    `sends`: the packet has been sent already (send_shard, as soon as it arrived); only wait.
     Returns when k packets are in (all by default): `received.arrived` starts with this rank, then the
     peers in the order their packets were seen. Every peer's messages come through its mailbox, taken
     off the wire as they arrive whatever their iteration, so a peer that lags or skips ahead never
@@ -42,11 +64,10 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Op
     k = n if k is None else k
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (packets needed, own one included)")
-    peers = [(me + i) % n for i in range(1, n)]  # rotated, so that not every rank sends to rank 0 first
+    peers = relay_order(me, n)
     boxes = {peer: transport.mailbox(peer) for peer in peers}
-    for box in boxes.values():
-        box.discard(lambda e: e.iteration >= envelope.iteration)
-    sends = [transport.isend(peer, packet, envelope) for peer in peers]
+    if sends is None:
+        sends = send_shard(transport, packet, envelope)
     start = time.perf_counter()
     seen: List[int] = []
 

@@ -9,11 +9,14 @@ destination has not acknowledged, and keeps the rest in its own memory, where th
 
 Acknowledgements ride in every message header (the count of messages the sender has received from
 the destination); a receiver that has nothing to send back tells a paced sender with a small credit
-message on a communicator of its own, every `window // 2` messages.
+message on a communicator of its own, every `window // 2` messages. Every header and credit that
+comes in also says that its sender runs (`heard`): a rank that falls behind while it still answers is
+slow, one that neither sends nor acknowledges anything has stopped.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -34,6 +37,7 @@ class Peer:
     told: int = 0  # the received count it was last told
     paces: bool = False  # it waits for acks from this rank
     queue: Deque[Any] = field(default_factory=deque)  # messages kept back, oldest first
+    heard: float = field(default_factory=time.monotonic)  # when it last showed it runs: a message or a credit
 
 
 class FlowControl:
@@ -106,6 +110,7 @@ class FlowControl:
         """Count a message header received from `source`, with the ack it carries."""
         peer = self.peer(source)
         peer.received += 1
+        peer.heard = time.monotonic()
         peer.paces = peer.paces or paces
         self._acked(source, ack)
         if peer.paces and peer.received - peer.told >= self.ack_every:
@@ -122,6 +127,7 @@ class FlowControl:
                 continue
             ack = int(buf[0])
             self._expect_credit(rank)
+            self.peer(rank).heard = time.monotonic()
             self._acked(rank, ack)
         if self._credit_sends:
             self._credit_sends = [(r, b) for r, b in self._credit_sends if not _done(r)]

@@ -71,7 +71,9 @@ class StopEarly(Exception):
 class WorkerReport:
     """What a worker counts and reports when it stops."""
 
-    FIELDS = ("replies_sent", "replies_skipped", "max_behind", "compute_s", "delay_s", "updates")
+    # cpu_s: processor seconds (every thread) of the steps after the first, cpu_steps: how many steps.
+    FIELDS = ("replies_sent", "replies_skipped", "max_behind", "compute_s", "delay_s", "updates", "cpu_s",
+              "cpu_steps")
 
     def __init__(self) -> None:
         self.values = dict.fromkeys(self.FIELDS, 0.0)
@@ -135,7 +137,9 @@ class RoundClock:
 class Membership:
     """Which workers rank 0 has left out, and when each was detached and readmitted."""
 
-    detach_after: Optional[int] = 2  # iterations a worker's oldest kept-back message may age before it is detached
+    # A worker whose oldest kept-back message is this many iterations old, and which has neither sent nor
+    # acknowledged anything since the first of those iterations began, is detached.
+    detach_after: Optional[int] = 2
     needed: int = 1  # workers a round cannot do without
     detached: Dict[int, int] = field(default_factory=dict)  # rank -> iteration it was detached at
     log: List[Dict[str, Any]] = field(default_factory=list)
@@ -152,15 +156,24 @@ class Membership:
                 return
 
 
+def cpu_per_iteration(server_cpu_s: float, reports: Any) -> Dict[str, float]:
+    """Return processor seconds per iteration of a server and of its workers together (their reports)."""
+    workers = sum(r["cpu_s"] / r["cpu_steps"] for r in reports if r.get("cpu_steps"))
+    return {"server": server_cpu_s, "workers": workers, "total": server_cpu_s + workers}
+
+
 STOP_GRACE_S = 5.0  # how long the stop waits for the workers' reports before it asks whether a rank died
 
 
 class ServerRounds:
     """Rank 0's side of every round: send to workers, take the first replies, name workers by index.
 
-    A worker whose oldest message kept back by flow control is more than `detach_after` iterations
-    old is detached: its backlog is dropped, it is told so, and rounds go on without it until it
-    asks to rejoin; `start_iteration` readmits it with the state the scheme gives it.
+    A worker that has stopped is detached: its oldest message kept back by flow control is
+    `detach_after` iterations old and nothing has come from it (no message, no acknowledgement) since
+    the first of those iterations began. Its backlog is dropped, it is told so, and rounds go on
+    without it until it asks to rejoin; `start_iteration` readmits it with the state the scheme gives
+    it. A worker that is behind but still answering is slow, not stopped: it keeps its backlog and
+    catches up by skipping the replies the server no longer needs.
     """
 
     def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
@@ -175,6 +188,7 @@ class ServerRounds:
         self.subsets: Optional[Iterator[tuple]] = None
         self.members = Membership(detach_after)
         self.iteration = 0
+        self.started: Dict[int, float] = {}  # when recent iterations began (time.monotonic), for the detach rule
         self.say = say
         self.rank_died = lost  # whether the process manager said that a rank of the job died
 
@@ -201,6 +215,8 @@ class ServerRounds:
     def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any]) -> None:
         """Readmit the detached workers that asked to rejoin (waiting for one while too few are live)."""
         self.iteration = iteration
+        self.started[iteration] = time.monotonic()
+        self.started.pop(iteration - (self.members.detach_after or 0) - 1, None)
         self.note_failures()
         detached = self.members.detached
         for rank in [r for r in detached if self.transport.has_message(r, *_fields(Msg.rejoin(0)))]:
@@ -247,12 +263,17 @@ class ServerRounds:
         self.say(f"psf: rank {rank} readmitted at iteration {iteration}")
 
     def detach_laggards(self, ranks: Sequence[int]) -> None:
-        """Detach every rank whose oldest kept-back message is more than `detach_after` iterations old."""
-        if self.members.detach_after is None:
+        """Detach every rank that has stopped: `detach_after` iterations behind and silent since they began."""
+        after = self.members.detach_after
+        if after is None:
             return
-        for rank in ranks:
-            oldest = self.transport.oldest_kept(rank)
-            if oldest is not None and self.iteration - oldest >= self.members.detach_after:
+        behind = [r for r in ranks if self.iteration - (self.transport.oldest_kept(r) or self.iteration) >= after]
+        if not behind:
+            return
+        self.transport.progress()  # take in the credits and messages that have come meanwhile
+        since = self.started.get(self.iteration - after + 1, min(self.started.values(), default=0.0))
+        for rank in behind:
+            if self.transport.heard_from(rank) < since:
                 self.detach(rank)
 
     def detach(self, rank: int) -> None:
@@ -261,8 +282,8 @@ class ServerRounds:
         self.transport.isend(rank, np.zeros(1), Msg.detach(self.iteration), urgent=True)
         self.members.detached[rank] = self.iteration
         self.members.record(rank, detached_at=self.iteration)
-        self.say(f"psf: rank {rank} detached at iteration {self.iteration}: more than "
-                 f"{self.members.detach_after} iterations behind ({dropped} messages dropped)")
+        self.say(f"psf: rank {rank} detached at iteration {self.iteration}: {self.members.detach_after} or more "
+                 f"iterations behind and silent since ({dropped} messages dropped)")
         if self.rank_died():
             self.say(f"psf: a rank of the job died: rank {rank} is probably lost; training goes on with "
                      f"{len(self.live)} workers ({self.members.needed} needed)")
@@ -348,6 +369,7 @@ class ServerRounds:
             self.roles.free()
         stats = self.transport.stats
         return {"mean_wait_s": recorder.mean("wait_s", skip=1),
+                "cpu_s_per_iteration": cpu_per_iteration(recorder.mean("cpu_s", skip=1), reports.values()),
                 "server_bytes_sent": stats.sent_bytes, "server_bytes_received": stats.received_bytes,
                 "server_bytes_sent_per_iteration": recorder.mean("bytes_sent", skip=1),
                 "server_bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
@@ -417,6 +439,13 @@ class WorkerRounds:
         self.timeout_s = None if timeout is None else patience * timeout
         self.snapshot: Optional[Callable[[], Any]] = None  # the scheme's state, for a readmission elsewhere
         self.progress_thread = progress_thread  # drives the MPI while this worker computes, if any
+        # Which server messages this worker relays to its peers (the scheme's choice; None: none). Each is
+        # sent on to `relay_first` peers as soon as a poll sees it, so that the peers never wait for this
+        # worker's computing, and to the others by `relay_rest` (after this worker's reply, say).
+        self.relayed: Optional[Callable[[Envelope], bool]] = None
+        self.relay_first: Optional[int] = None  # None: every peer at once
+        self._forwarded: Dict[Tuple[int, int, int], List[Any]] = {}  # (iteration, layer, phase) -> sends
+        self._unsent: Dict[Tuple[int, int, int], Tuple[Any, List[int]]] = {}  # -> (packet, peers still to send)
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -452,7 +481,38 @@ class WorkerRounds:
 
     def has(self, envelope: Envelope) -> bool:
         """Return whether a server message has arrived."""
-        return self.inbox.has(envelope)
+        arrived = self.inbox.has(envelope)
+        self.relay_arrivals()
+        return arrived
+
+    def relay_arrivals(self) -> None:
+        """Send the first peers every relayed server message that has arrived and has not been sent on yet."""
+        if self.relayed is None:
+            return
+        for header, data in list(self.inbox.kept.values()):
+            got = header.envelope
+            key = (got.iteration, got.layer, got.phase)
+            if key not in self._forwarded and self.relayed(got):
+                self._forwarded[key] = self._relay(key, data)
+
+    def _relay(self, key: Tuple[int, int, int], packet: Any) -> List[Any]:
+        """Send a packet to the first `relay_first` peers in relay order; keep the others for relay_rest."""
+        from .exchange import relay_order, send_shard
+
+        order = relay_order(self.peers.rank, self.peers.size)
+        first = len(order) if self.relay_first is None else self.relay_first
+        if order[first:]:
+            self._unsent[key] = (packet, order[first:])
+        return send_shard(self.peers, packet, Msg.shard(*key), order[:first])
+
+    def relay_rest(self, envelope: Envelope) -> None:
+        """Send a relayed packet to the peers it has not gone to yet (they need it if a first sender is slow)."""
+        from .exchange import send_shard
+
+        unsent = self._unsent.pop((envelope.iteration, envelope.layer, envelope.phase), None)
+        if unsent is not None:
+            send_shard(self.peers, unsent[0], Msg.shard(envelope.iteration, envelope.layer, envelope.phase),
+                       unsent[1])
 
     def first_of(self, envelopes: Sequence[Envelope]) -> int:
         """Wait until one of the messages has arrived; return its position (not taking it)."""
@@ -460,7 +520,11 @@ class WorkerRounds:
 
     def serve(self, iteration: int) -> None:
         """Raise Detached if the server left this worker out, StopEarly if the run stopped before `iteration`;
-        answer snapshot requests up to `iteration`."""
+        answer snapshot requests up to `iteration`; move the packets relayed to peers on meanwhile."""
+        if self.peers is not None:
+            # A peer that rejoined may wait for packets this worker keeps back for it (flow control).
+            self.peers.progress()
+            self.relay_arrivals()
         detached = self.inbox.iterations(Msg.detach(0))
         if detached:
             raise Detached(detached[0])
@@ -480,9 +544,13 @@ class WorkerRounds:
         if self.peers is not None:
             for peer in range(self.peers.size):
                 self.peers.drop(peer)
+            self._forwarded.clear()
+            self._unsent.clear()
         self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
 
         def answered() -> bool:
+            if self.peers is not None:
+                self.peers.progress()
             return bool(self.inbox.iterations(Msg.stop(0)) or self.inbox.iterations(Msg.readmit(0)))
 
         if not self.transport.wait_until(answered, self.timeout_s):
@@ -493,14 +561,16 @@ class WorkerRounds:
         iteration = self.inbox.iterations(Msg.readmit(0))[0]
         return iteration, self.inbox.take(Msg.readmit(iteration))
 
-    def reply(self, data: Any, envelope: Envelope, count: bool = True) -> None:
-        """Send a reply to the server and let it leave before computing on (it needs this rank's progress).
+    def reply(self, data: Any, envelope: Envelope, count: bool = True, wait: bool = True) -> None:
+        """Send a reply to the server and, with `wait`, let it leave before computing on.
 
-        Stops waiting once the server has sent something newer: it has gone on without the reply.
-        `count`: the reply completes this worker's part of a round (the report counts it).
+        A waiting reply stops waiting once the server has sent something newer: it has gone on without
+        it. Without `wait` the caller polls (any wait of this rank moves the reply on) and may compute
+        meanwhile. `count`: the reply completes this worker's part of a round (the report counts it).
         """
         handle = self.transport.isend(self.server, data, envelope)
-        self.transport.wait_until(lambda: handle.test() or bool(self.inbox.kept), None)
+        if wait:
+            self.transport.wait_until(lambda: handle.test() or bool(self.inbox.kept), None)
         if count:
             self.report.sent()
 
@@ -523,8 +593,13 @@ class WorkerRounds:
         from .exchange import exchange_shards
 
         # The waits of the peers' transport do not serve the server's inbox: take it in here.
+        key = (envelope.iteration, envelope.layer, envelope.phase)
+        sends = self._forwarded.pop(key, None)
+        if sends is None:
+            sends = self._relay(key, packet)
         shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                 interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)))
+                                 interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)),
+                                 sends=sends)
         for peer in range(self.peers.size):
             self.peers.drop(peer, forget_before)
         return shards
@@ -536,7 +611,7 @@ class WorkerRounds:
         """
         held = self.inbox.iterations(Msg.stop(0))
         total = held[0] if held else total
-        self.inbox.take(Msg.stop(total), self.timeout_s)
+        self.inbox.take(Msg.stop(total), self.timeout_s, self.progress)
         self.transport.send(self.server, self.report.vector(), Msg.stop(total))
         for early in self.inbox.iterations(Msg.stop_early(0)):
             self.inbox.take(Msg.stop_early(early))

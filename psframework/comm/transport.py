@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -35,7 +36,9 @@ from .flow import FlowControl, test_one
 
 DEFAULT: Any = object()  # "use the transport's timeout_s"
 
-SendHook = Callable[[int, Envelope, int], None]
+# Called as hook(dest, envelope, nbytes) before a message goes on the wire; it may return the time
+# (time.perf_counter) before which the message must not be posted (an emulated link), or None.
+SendHook = Callable[[int, Envelope, int], Optional[float]]
 
 _HEADER, _PAYLOAD, _DISCARD, _STASH, _DONE = range(5)
 ARRIVED, LATE, SUPERSEDED, CANCELLED, FAILED = "arrived", "late", "superseded", "cancelled", "failed"
@@ -61,7 +64,6 @@ def test_each(requests: Sequence[Any], statuses: List[Any]) -> Tuple[List[int], 
 # Polling waits yield the core after each fruitless poll: free when a rank has its core to itself,
 # and it keeps oversubscribed nodes (more ranks than cores) moving.
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-SPIN_S = 2e-3  # a waiting rank polls without sleeping this long first: large transfers need its polls
 FIRST_SLEEP_S = 20e-6
 
 
@@ -93,26 +95,29 @@ class Deadline:
 
 
 class Backoff:
-    """Pause between polls of a wait: spin first, then sleep, doubling up to `max_sleep_s`.
+    """Pause between polls of a wait: yield the core, or sleep, doubling up to `max_sleep_s`.
 
-    A blocking MPI wait spins at full speed; when ranks outnumber cores that spinning takes the CPU
-    from the ranks that compute, so a wait that lasts sleeps between its polls. The first
-    milliseconds are spun: a large message moves only while both ranks poll.
+    With a core per rank (`max_sleep_s` 0) a wait polls at full speed, as a blocking MPI wait spins.
+    When ranks outnumber cores every poll takes the CPU from the ranks that compute, so a wait sleeps
+    from its first fruitless poll: on the 2-core machine of the benchmarks this took a sixth off both
+    the iteration time and the processor time of sazd (5 ranks), where a 2 ms spin before sleeping had
+    been meant for large transfers. Intranode payloads are copied by the receiver in one poll (CMA),
+    and over TCP the spin made no difference to the iteration time.
     """
 
-    __slots__ = ("max_sleep_s", "spin_until", "sleep_s")
+    __slots__ = ("max_sleep_s", "sleep_s")
 
     def __init__(self, max_sleep_s: float) -> None:
         self.max_sleep_s = max_sleep_s
-        self.spin_until = time.perf_counter() + SPIN_S
         self.sleep_s = FIRST_SLEEP_S
 
-    def pause(self) -> None:
-        """Wait a little before the next poll."""
-        if self.max_sleep_s <= 0.0 or time.perf_counter() < self.spin_until:
+    def pause(self, until: Optional[float] = None) -> None:
+        """Wait a little before the next poll; not past `until` (time.perf_counter), when given."""
+        if self.max_sleep_s <= 0.0:
             _yield()
             return
-        time.sleep(self.sleep_s)
+        sleep_s = self.sleep_s if until is None else min(self.sleep_s, max(0.0, until - time.perf_counter()))
+        time.sleep(sleep_s)
         self.sleep_s = min(2.0 * self.sleep_s, self.max_sleep_s)
 
 
@@ -323,10 +328,12 @@ class Transport:
     many seconds raises WatchdogTimeout naming the ranks it still waits for (None waits for ever);
     every wait also takes its own timeout_s. Waits poll the requests (MPI has no timed wait);
     `poll_sleep_s` bounds the sleep between polls once a wait has spun a while (0 spins; None picks
-    0 when every rank of the node has a core, else 1 ms). Not thread-safe: one thread per Transport. `send_hook`, if
-    given, is called as hook(dest, envelope, nbytes) right before each message is posted: the one
-    place every outgoing message passes through. `window` paces the sends: at most that many
-    messages in flight per destination, the rest kept back (flow.py; None sends everything at once).
+    0 when every rank of the node has a core, else 1 ms). Not thread-safe: one thread per Transport.
+    `send_hook`, if given, is called as hook(dest, envelope, nbytes) right before each message is
+    posted: the one place every outgoing message passes through; a time it returns holds the message
+    back until then (it is posted at the first poll after it, in the order the messages were sent).
+    `window` paces the sends: at most that many messages in flight per destination, the rest kept
+    back (flow.py; None sends everything at once).
     A request that fails (its peer died) ends that peer's receives; the rank is then in `failed`.
     Payloads received into buffers the transport allocates land on `device` (a torch device; None or
     cpu: host memory), staged through pinned host memory when the MPI is not CUDA-aware.
@@ -368,6 +375,7 @@ class Transport:
         self._statuses: List[Any] = []
         self._mailboxes: List[Any] = []
         self.failed: set = set()  # ranks the MPI reported failed (dead): nothing more goes to or comes from them
+        self._departures: Deque[Tuple[float, SendHandle]] = deque()  # held back by the send hook, oldest first
         self.flow = FlowControl(base, window, self._post_message, self.peer_failed,
                                 ready=lambda handle: handle.wire is None or handle.wire.ready())
 
@@ -401,11 +409,28 @@ class Transport:
 
     def _post_message(self, handle: SendHandle) -> None:
         """Post one message, header then payload: every message that goes on the wire passes through here."""
+        set_flow(handle.header, *self.flow.posting(handle.dest))
+        due = None if self.send_hook is None else self.send_hook(handle.dest, handle.envelope, handle.nbytes)
+        if due is not None and (self._departures or due > time.perf_counter()):
+            self._departures.append((due, handle))
+            return
+        self._isend(handle)
+
+    def _next_departure(self) -> Optional[float]:
+        """Return when the next message held back by the send hook may go (None: none is held back)."""
+        return self._departures[0][0] if self._departures else None
+
+    def _depart(self) -> None:
+        """Post the messages the send hook held back whose time has come, in order."""
+        now = time.perf_counter()
+        while self._departures and self._departures[0][0] <= now:
+            _, handle = self._departures.popleft()
+            if not handle.dropped:
+                self._isend(handle)
+
+    def _isend(self, handle: SendHandle) -> None:
         dest, envelope, header, wire = handle.dest, handle.envelope, handle.header, handle.wire
         assert wire is not None
-        set_flow(header, *self.flow.posting(dest))
-        if self.send_hook is not None:
-            self.send_hook(dest, envelope, handle.nbytes)
         tag = envelope.tag
         if dest in self.failed:
             handle.drop()
@@ -438,6 +463,10 @@ class Transport:
         queue = self.flow.peer(dest).queue
         return queue[0].envelope.iteration if queue else None
 
+    def heard_from(self, rank: int) -> float:
+        """Return when `rank` last showed that it runs (time.monotonic): a message or a credit from it."""
+        return self.flow.peer(rank).heard
+
     def drop(self, dest: int, before: Optional[int] = None) -> int:
         """Drop the messages kept back for `dest` (all, or those of iterations before `before`); return how many."""
         return self._drop(self.flow.drop(dest, before))
@@ -452,6 +481,8 @@ class Transport:
         return len(handles)
 
     def _sweep_sends(self) -> None:
+        if self._departures:
+            self._depart()
         if self._sends:
             self._sends = [h for h in self._sends if not h.test()]
 
@@ -465,7 +496,7 @@ class Transport:
             self.progress()
             if deadline.passed():
                 raise WatchdogTimeout(self.named([handle.dest]), f"the send of {handle.envelope}", timeout)
-            backoff.pause()
+            backoff.pause(self._next_departure())
         self._sweep_sends()
 
     # -- receiving ----------------------------------------------------------------------------
@@ -716,7 +747,7 @@ class Transport:
                 return True
             if deadline.passed():
                 return False
-            backoff.pause()
+            backoff.pause(self._next_departure())
 
     def receive_buffer(self, out: Any, info: Optional[TensorInfo] = None) -> WireBuffer:
         """Return the wire buffer a payload for `out` is received into (staged when MPI cannot take it)."""
@@ -733,6 +764,8 @@ class Transport:
         backoff = Backoff(self.poll_sleep_s)
         while True:  # MPI has no timed wait: poll, as a blocking MPI wait spins internally anyway
             self.flow.poll()
+            if self._departures:
+                self._depart()
             if interrupt is not None:
                 interrupt()
             done, failed = test_each(requests, statuses)
@@ -740,7 +773,7 @@ class Transport:
                 return done, failed
             if deadline.passed():
                 return [], []
-            backoff.pause()
+            backoff.pause(self._next_departure())
 
     def _progress_until(self, done: Callable[[], bool], deadline: Deadline,
                         interrupt: Optional[Callable[[], None]] = None) -> bool:
@@ -801,7 +834,7 @@ class Transport:
         backoff = Backoff(self.poll_sleep_s)
         while self._sends and not deadline.passed():
             self._sweep_sends()
-            backoff.pause()
+            backoff.pause(self._next_departure())
         self._sweep_sends()
         return DrainReport(completed, cancelled, len(self._sends))
 

@@ -85,9 +85,11 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     from psframework.comm.transport import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
+    from psframework.runtime.memory import keep_freed_memory
     from psframework.runtime.threads import configure_threads
 
     LOSS.install()
+    keep_freed_memory()
     roles = setup_roles(comm, groups)
     chosen, note = select_device(device, roles.world)
     plan = configure_threads(roles.world, threads=settings.threads or None)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from psframework.comm.envelope import Phase
+from psframework.comm.envelope import Kind, Phase
 from psframework.comm.rounds import Msg
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state
@@ -25,7 +25,7 @@ from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_co
 from psframework.schemes.coded_parts import (BACKWARD, FORWARD, Dissemination, activation_shapes, code_of,
                                              conv_state_shapes, conv_state_tensors, flatten, rel_diff, unflatten,
                                              worker_state_shapes)
-from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, scale_lr
+from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of
 from psframework.schemes.groups import part_size, start_sum
 from psframework.schemes.driver import Event, Problem, Schedule, ServerSide, StepResult, SYNC, STOP, WorkerSide
 from psframework.settings import Settings
@@ -200,6 +200,8 @@ class CodedWorkerBase(WorkerSide):
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
         self.order = self.command_order()
         self.schedule: Optional[Schedule] = None
+        if self.dissemination.relayed:
+            link.relayed, link.relay_first = self.relays, self.k - 1
 
     def command_order(self) -> List[Tuple[str, int]]:
         """Return the (kind, layer) commands of every iteration, in the order the server sends them."""
@@ -229,8 +231,9 @@ class CodedWorkerBase(WorkerSide):
             self.command(it, kind, layer, nxt)
 
     def command(self, iteration: int, kind: str, layer: int, nxt: Any) -> None:
-        """Answer one command: compute and reply unless the next command already waits, then update."""
+        """Answer one command: compute and reply unless the next command already waits; queue its update."""
         self.link.progress()  # let peers' late packets drain and this worker's sends finish
+        self.use_spare_time(iteration, kind, layer)
         x = self.receive(iteration, kind, layer)
         want = kind == FORWARD or self.codings[layer].has_column_copy
         stale = want and self.link.has(nxt)
@@ -238,16 +241,40 @@ class CodedWorkerBase(WorkerSide):
         out = self.compute(iteration, kind, layer, x, reply=not stale)
         compute_s = time.perf_counter() - t0
         report = self.link.report
+        report.add("delay_s", self.delay(iteration, compute_s))
         if out is not None:
-            report.add("delay_s", self.delay(iteration, compute_s))
-            self.link.reply(out.contiguous(), Msg.reply(iteration, layer, phase_of(kind)))
+            # The reply leaves while this worker polls (for the next command, say): no need to wait here.
+            self.link.reply(out.contiguous(), Msg.reply(iteration, layer, phase_of(kind)), wait=False)
         elif want:
             report.skipped()
-        t1 = time.perf_counter()
-        self.after_reply(iteration, kind, layer, x)  # updates come after the reply: off the server's critical path
-        update_s = time.perf_counter() - t1
-        report.add("delay_s", self.delay(iteration, update_s))  # a straggler is slow at its updates too
-        report.add("compute_s", compute_s + update_s)
+        if self.dissemination.relayed:  # the later peers' copies go after the reply, off its path
+            self.link.relay_rest(Msg.shard(iteration, layer, phase_of(kind)))
+        self.after_reply(iteration, kind, layer, x)
+        report.add("compute_s", compute_s)
+
+    def use_spare_time(self, iteration: int, kind: str, layer: int) -> None:
+        """Until a forward command arrives, do the deferred work it will need (`spare_work`), piece by piece.
+
+        Deferred work waits for the forward command that needs it: in the backward pass the server
+        waits for one reply after another with little work of its own in between, so work done there
+        would delay the next reply; while the server decodes a layer and applies the layers it keeps,
+        a worker prepares the next one. Once the command is in, the rest is done when it is computed.
+        """
+        envelope = Msg.command(iteration, layer, phase_of(kind))
+        if kind != FORWARD:
+            return
+        while not self.link.has(envelope):
+            t0 = time.perf_counter()
+            more = self.spare_work(layer)
+            work_s = time.perf_counter() - t0
+            self.link.report.add("compute_s", work_s)
+            self.link.report.add("delay_s", self.delay(iteration, work_s))  # a straggler is slow at all its work
+            if not more:
+                return
+
+    def spare_work(self, layer: int) -> bool:
+        """Do a piece of the deferred work a layer's forward command needs; return whether more is left."""
+        return False
 
     def delay(self, iteration: int, compute_s: float) -> float:
         """Sleep as an injected straggler would; return the delay."""
@@ -258,6 +285,11 @@ class CodedWorkerBase(WorkerSide):
     def coded_packet(self, kind: str, layer: int) -> bool:
         """Return whether the server sends this worker its own coded packet (not the whole tensor)."""
         return False
+
+    def relays(self, envelope: Any) -> bool:
+        """Return whether a server message is a relayed packet, to be sent on to the other workers."""
+        kind = FORWARD if envelope.phase == Phase.FORWARD else BACKWARD
+        return envelope.kind == Kind.COMMAND and not self.coded_packet(kind, envelope.layer)
 
     def receive(self, iteration: int, kind: str, layer: int) -> torch.Tensor:
         """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
@@ -331,10 +363,15 @@ class CodedWorkerSide(CodedWorkerBase):
             return self.worker.on_backward(layer, x, reply=reply)
 
     def after_reply(self, iteration: int, kind: str, layer: int, x: torch.Tensor) -> None:
-        """Apply a backward command's update (every one, in order, even when the reply was skipped)."""
+        """Queue a backward command's update (every one, in order, even when the reply was skipped)."""
         if kind != BACKWARD:
             return
-        scale_lr([self.worker.optimizers[layer]], self.schedule.lr_factor(iteration))
-        with self.link.busy():
-            self.worker.update(layer, x, coded=self.coded_packet(kind, layer))
+        self.worker.update(layer, x, coded=self.coded_packet(kind, layer), lr_factor=self.schedule.lr_factor(iteration))
         self.link.report.add("updates", 1)
+
+    def spare_work(self, layer: int) -> bool:
+        """Compute a piece of the layer's queued update before its forward command arrives."""
+        if not self.worker.has_update(layer):
+            return False
+        with self.link.busy():
+            return self.worker.work(layer)

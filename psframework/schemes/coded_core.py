@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
@@ -18,9 +19,9 @@ from torch import nn
 
 from psframework.codes import Code
 from psframework.models import Placement, remote_convs
-from psframework.schemes.common import make_optimizer
+from psframework.schemes.common import make_optimizer, scale_lr
 from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
-                                              coded_weight_grads, encode_layer)
+                                              encode_layer, weight_grad_pieces)
 
 FORWARD, BACKWARD = 0, 1  # the two passes of a coded layer
 Reduce = Callable[[torch.Tensor], Callable[[], torch.Tensor]]  # start a sum; the callable it returns waits for it
@@ -36,8 +37,24 @@ class Exchange(Protocol):
         """Send dY_l; return at least k coded input gradients (none when `want_reply` is false)."""
 
 
+@dataclass
+class Update:
+    """A layer's coded weight update, computed when the worker has time or when the layer is next needed."""
+
+    pieces: List[Callable[[], List[torch.Tensor]]]  # gradients still to compute, one piece of work each
+    lr_factor: float  # the schedule's learning-rate factor of the iteration it belongs to
+    grads: List[torch.Tensor] = field(default_factory=list)  # gradients computed so far
+
+
 class CodedWorker:
-    """Worker j: holds packet j of every conv layer's row- and column-coded weights and updates them."""
+    """Worker j: holds packet j of every conv layer's row- and column-coded weights and updates them.
+
+    Updates are deferred: `update` queues a layer's update and the worker applies it (`settle`) while
+    it waits for the layer's next forward command or, at the latest, before its next forward pass.
+    The server's next backward round needs the worker's reply, not its update, so the update leaves
+    the backward pass's critical path. Every update is still applied, in order, with its own
+    iteration's learning rate.
+    """
 
     def __init__(self, j: int, code: Code, codings: List[LayerCoding], weights: List[CodedWeights],
                  lr: float, momentum: float, nesterov: bool, weight_decay: float, reduce: Optional[Reduce] = None):
@@ -46,6 +63,7 @@ class CodedWorker:
         # the step waits for the sum until the layer's weights are next needed (its next forward).
         self.reduce = reduce
         self.pending: Dict[int, Tuple[Callable[[], torch.Tensor], List[torch.Size]]] = {}
+        self.deferred: Dict[int, Update] = {}
         self.code = code
         self.codings = codings
         self.weights = weights
@@ -71,13 +89,35 @@ class CodedWorker:
             return None
         return coded_input_grad(coding, dy, w, self._input(layer).shape)
 
-    def update(self, layer: int, dy: torch.Tensor, coded: bool = False) -> None:
-        """Update the layer's coded weights from dY (or, for a layer without a column copy, SA_j(dY))."""
-        coding, w = self.codings[layer], self.weights[layer]
+    def update(self, layer: int, dy: torch.Tensor, coded: bool = False, lr_factor: float = 1.0) -> None:
+        """Queue the layer's update from dY (or, for a layer without a column copy, SA_j(dY))."""
+        coding = self.codings[layer]
         if coded and coding.has_column_copy:
             raise ValueError(f"layer {layer}: a coded output gradient only updates a layer without a column copy")
-        grads = coded_weight_grads(coding, self.code, self.j, self._input(layer), dy, w, coded=coded)
+        if layer in self.deferred:  # one update per layer and iteration: the older one first
+            self._apply(layer)
+        pieces = weight_grad_pieces(coding, self.code, self.j, self._input(layer), dy, self.weights[layer], coded)
+        self.deferred[layer] = Update(pieces, lr_factor)
+
+    def has_update(self, layer: int) -> bool:
+        """Return whether the layer has a queued update."""
+        return layer in self.deferred
+
+    def work(self, layer: int) -> bool:
+        """Do one piece of the layer's queued update; return whether any is left."""
+        task = self.deferred[layer]
+        task.grads += task.pieces.pop(0)()
+        if task.pieces:
+            return True
+        self._apply(layer)
+        return False
+
+    def _apply(self, layer: int) -> None:
+        """Finish the layer's queued update: its remaining gradients, then the step (or the start of their sum)."""
+        task = self.deferred.pop(layer)
+        grads = task.grads + [g for piece in task.pieces for g in piece()]
         self.inputs[layer] = None
+        scale_lr([self.optimizers[layer]], task.lr_factor)
         if self.reduce is None:
             self._step(layer, grads)
             return
@@ -85,8 +125,14 @@ class CodedWorker:
         self.pending[layer] = (self.reduce(flat), [g.shape for g in grads])
 
     def settle(self, layer: Optional[int] = None) -> None:
-        """Apply the updates whose gradient sums are in flight: one layer's, or every layer's."""
-        for index in sorted(self.pending) if layer is None else [layer]:
+        """Apply the queued updates and those whose gradient sums are in flight: one layer's, or every layer's.
+
+        Layers go in ascending order, the order of the forward pass: the holders of packet j in every
+        group start their sums in the same order.
+        """
+        for index in sorted(set(self.deferred) | set(self.pending)) if layer is None else [layer]:
+            if index in self.deferred:
+                self._apply(index)
             if index in self.pending:
                 finish, shapes = self.pending.pop(index)
                 total, grads, offset = finish(), [], 0

@@ -9,7 +9,7 @@ Worker j holds packet j of each; the server decodes any k replies back to the un
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ class LayerCoding:
 
     def encode_one(self, code: Code, x: torch.Tensor, axis: int, j: int) -> torch.Tensor:
         """Return packet j of `x` cut along `axis`."""
-        return code.encode(self.blocks(x, axis), axis=axis, symbol_size=self.symbol_size)[j]
+        return code.encode_packet(self.blocks(x, axis), j, axis=axis, symbol_size=self.symbol_size)
 
     def decode(self, code: Code, packets: Dict[int, torch.Tensor], axis: int, length: int) -> torch.Tensor:
         """Decode packets cut along `axis` back to the tensor of `length` elements along it."""
@@ -128,15 +128,26 @@ def coded_weight_grads(coding: LayerCoding, code: Code, j: int, x: torch.Tensor,
     Column copy: conv2d_weight(SA_j(X), dY) = SA_j(dW column blocks). With `coded`, `dy` is already
     SA_j(dY) (enough for a layer without a column copy).
     """
+    return [g for piece in weight_grad_pieces(coding, code, j, x, dy, w, coded) for g in piece()]
+
+
+def weight_grad_pieces(coding: LayerCoding, code: Code, j: int, x: torch.Tensor, dy: torch.Tensor,
+                       w: CodedWeights, coded: bool = False) -> List[Callable[[], List[torch.Tensor]]]:
+    """Return `coded_weight_grads` as separate pieces of work: the row copy's gradients, then the column copy's.
+
+    A worker computes them one at a time, so that it can turn to a command in between.
+    """
     args = coding.conv_args()
-    dy_j = dy if coded else coding.encode_one(code, dy, 1, j)
-    grads = [conv2d_weight(x, w.row_weight.shape, dy_j, *args)]
-    if w.row_bias is not None:
-        grads.append(dy_j.sum(dim=(0, 2, 3)))
-    if w.col_weight is not None:
-        x_j = coding.encode_one(code, x, 1, j)
-        grads.append(conv2d_weight(x_j, w.col_weight.shape, dy, *args))
-    return grads
+
+    def row() -> List[torch.Tensor]:
+        dy_j = dy if coded else coding.encode_one(code, dy, 1, j)
+        grads = [conv2d_weight(x, w.row_weight.shape, dy_j, *args)]
+        return grads + [dy_j.sum(dim=(0, 2, 3))] if w.row_bias is not None else grads
+
+    def column() -> List[torch.Tensor]:
+        return [conv2d_weight(coding.encode_one(code, x, 1, j), w.col_weight.shape, dy, *args)]
+
+    return [row] if w.col_weight is None else [row, column]
 
 
 def uncoded_weight_grads(coding: LayerCoding, x: torch.Tensor, dy: torch.Tensor,

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from psframework.codes import Code, SAZDCode, from_bits, make_code, split_blocks, to_bits
+from psframework.codes import BlockLayout, Code, SAZDCode, from_bits, make_code, split_blocks, to_bits, wide_layout
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -82,7 +82,12 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class Dissemination:
-    """Deliver a tensor from the server to every worker: direct, or relayed as SA-coded packets of its bits."""
+    """Deliver a tensor from the server to every worker: direct, or relayed as SA-coded packets of its bits.
+
+    Relay codes the tensor's bits as one flat vector cut into the widest symbols the code allows
+    (codes.wide_layout): decoding then takes a few array calls per packet whatever the tensor's size,
+    and none beyond k copies when the systematic packets arrive.
+    """
 
     def __init__(self, mode: str, code: CodeSettings):
         # Relay codes raw bits with wrap-around arithmetic, which only SA codes can do bit-exactly.
@@ -94,6 +99,10 @@ class Dissemination:
         """Return whether workers exchange packets among themselves."""
         return self.code is not None
 
+    def layout(self, numel: int) -> BlockLayout:
+        """Return how a relayed tensor of `numel` elements is cut into blocks and symbols."""
+        return wide_layout(numel, self.k, self.code.padding)
+
     def packets(self, x: torch.Tensor) -> List[torch.Tensor]:
         """Return what the server sends to each worker (a copy of the tensor, or packet j of its bits).
 
@@ -102,18 +111,22 @@ class Dissemination:
         """
         if self.code is None:
             return [x.detach().clone(memory_format=torch.contiguous_format)] * self.n
-        x = x.detach().contiguous()
-        bits = to_bits(x).reshape(-1)
-        return [p.contiguous() for p in self.code.encode(split_blocks(bits, self.k), axis=0)]
+        bits = to_bits(x.detach().contiguous()).reshape(-1)
+        size = self.layout(bits.numel()).symbol_size
+        return self.code.encode(split_blocks(bits, self.k, symbol_size=size), axis=0, symbol_size=size)
 
     def delivered(self, numel: int) -> int:
         """Return how many elements the server sends each worker for a tensor of `numel` elements."""
-        return self.code.packet_length(-(-numel // self.k), 1) if self.code is not None else numel
+        if self.code is None:
+            return numel
+        layout = self.layout(numel)
+        return self.code.packet_length(layout.block_length, layout.symbol_size)
 
     def restore(self, packets: Dict[int, torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Decode the tensor bit-exactly from k packets."""
-        numel = int(np.prod(shape))
-        bits = self.code.decode_joined(packets, axis=0, length=numel)
+        numel = math.prod(shape)
+        size = self.layout(numel).symbol_size
+        bits = self.code.decode_joined(packets, axis=0, symbol_size=size, length=numel)
         return from_bits(bits.contiguous(), dtype).reshape(shape)
 
 

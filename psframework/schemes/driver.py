@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
-from psframework.comm.rounds import Detached, StopEarly
+from psframework.comm.rounds import Detached, StopEarly, cpu_per_iteration
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
 from psframework.runtime.preempt import FLAG, Preempted
@@ -297,11 +297,12 @@ def stop_early(settings: Settings, side: ServerSide, schedule: Schedule, iterati
 
 def train_step(side: ServerSide, step: Step, recorder: RunRecorder) -> float:
     """Run one step, time it and log its metrics row; return the loss."""
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     result = side.step(step)
     iteration_s = time.perf_counter() - t0
     row = {"iteration": step.iteration, "epoch": step.epoch, "batch": step.batch, "loss": result.loss,
-           "iteration_s": iteration_s, "wall_s": recorder.elapsed(), **result.timings}
+           "iteration_s": iteration_s, "cpu_s": time.process_time() - cpu0, "wall_s": recorder.elapsed(),
+           **result.timings}
     if result.timings:
         row["compute_s"] = max(0.0, iteration_s - sum(result.timings.values()))
     row.update(result.fields)
@@ -358,6 +359,11 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
     if side.group is not None:
         fields["servers"] = side.group.gather_servers(fields, recorder)
         side.group.peers.free()
+        if fields["servers"]:  # the lead: processor time of the whole job, every group's
+            groups = [s["cpu_s_per_iteration"] for s in fields["servers"]]
+            fields["cpu_s_per_iteration"] = {key: sum(g[key] for g in groups) for key in groups[0]}
+    elif side.link is None:  # one process
+        fields["cpu_s_per_iteration"] = cpu_per_iteration(recorder.mean("cpu_s", skip=1), [])
     return fields
 
 
@@ -375,7 +381,7 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
     for after in plan:
         if event.iteration >= resume_at:
             try:
-                play(side, event, after)
+                timed_play(side, event, after, first=event.iteration == schedule.start + 1)
             except Detached as notice:
                 readmission = side.link.rejoin(notice.iteration, schedule.total)
                 if readmission is None:
@@ -392,6 +398,15 @@ def run_worker(settings: Settings, side: WorkerSide) -> None:
     stopped = side.link.stop(stop_at)
     if stopped < schedule.total:
         raise Preempted(stopped, schedule.total, FLAG.name)
+
+
+def timed_play(side: WorkerSide, event: Event, after: Event, first: bool) -> None:
+    """Play a plan event, adding the processor time of every step but the first (warm-up) to the report."""
+    cpu0 = time.process_time()
+    play(side, event, after)
+    if event.kind == STEP and not first:
+        side.link.report.add("cpu_s", time.process_time() - cpu0)
+        side.link.report.add("cpu_steps", 1)
 
 
 def play(side: WorkerSide, event: Event, after: Event) -> None:

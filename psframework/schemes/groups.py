@@ -111,7 +111,8 @@ class ServerGroup:
                 "bytes_sent_per_iteration": recorder.mean("bytes_sent", skip=1),
                 "bytes_received_per_iteration": recorder.mean("bytes_received", skip=1),
                 "sync_bytes_per_iteration": recorder.mean("server_sync_bytes", skip=1),
-                "sync_bytes": self.peers.stats.sent_bytes, "sync_wait_s": self.peers.stats.wait_s}
+                "sync_bytes": self.peers.stats.sent_bytes, "sync_wait_s": self.peers.stats.wait_s,
+                "cpu_s_per_iteration": fields.get("cpu_s_per_iteration")}
         return self.peers.gather(mine)
 
     @contextmanager

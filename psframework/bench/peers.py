@@ -1,0 +1,402 @@
+"""Head-to-head benchmark: torch DDP against psframework's schemes, calm and with a worker in stop-go.
+
+Trains one config (configs/bench_stanza.yaml by default: vgg-small, batch 64) under every scheme on
+the same model, data order and global batch: torch DistributedDataParallel (psframework.bench.ddp,
+one process per worker), ps and stanza with one backup worker, sazd with direct and with relay
+dissemination (k = n - n/4) and uncoded (k = n). Each case runs with n workers (default 4 and 8),
+without emulated links and with links emulated at 10 and 1 Gb/s (50 us), once undisturbed and once
+with one worker in stop-go: the benchmark itself stops that worker's process (SIGSTOP) for --stop-s
+seconds and lets it run (SIGCONT) for --go-s seconds, over and over, from the end of the first
+iteration on. Reported per case: seconds per iteration (the mean after the first, or after the
+stop-go began), processor seconds per iteration summed over every rank, rank 0's bytes per iteration
+(sent + received; DDP: what each process sends and receives in a ring allreduce) and detached workers.
+Writes peers.json and peers.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from psframework.bench import expectations as expect
+from psframework.bench import report as rep
+from psframework.bench.runs import MIB, machine, setting, setting_text
+from psframework.launch import mpi_command
+
+NAME = "peers"
+PROG = f"psf bench {NAME}"
+DEFAULT_CONFIG = os.path.join("configs", "bench_stanza.yaml")
+SCHEMES = ("ddp", "ps", "stanza", "sazd", "sazd-relay", "uncoded")
+LINKS = ("none", "10", "1")  # Gb/s
+STRAGGLERS = ("none", "stop-go")
+LATENCY_US = 50
+STOPPED_WORKER = 2  # the second worker: rank 2 of a psframework job, rank 1 of DDP's
+
+
+@dataclass(frozen=True)
+class Case:
+    """One training job: a scheme with n workers, a link and a straggler setting."""
+
+    scheme: str
+    n: int
+    link: str
+    straggler: str
+
+    @property
+    def k(self) -> int:
+        """Return the replies a coded round needs: n - n/4 (n/4 stragglers tolerated), n for uncoded."""
+        return self.n if self.scheme == "uncoded" else self.n - max(1, self.n // 4)
+
+    @property
+    def ranks(self) -> int:
+        """Return the MPI ranks of the job: n DDP processes, or a server and n workers."""
+        return self.n if self.scheme == "ddp" else self.n + 1
+
+    @property
+    def stopped_rank(self) -> int:
+        """Return the rank stopped and let go in stop-go."""
+        return STOPPED_WORKER - 1 if self.scheme == "ddp" else STOPPED_WORKER
+
+    def overrides(self) -> List[str]:
+        """Return the config overrides of the case."""
+        scheme = {"ddp": ["scheme=reference"], "ps": ["scheme=ps", "train.backup_workers=1"],
+                  "stanza": ["scheme=stanza", "train.backup_workers=1"],
+                  "sazd": ["scheme=sazd", "comm.dissemination=direct"],
+                  "sazd-relay": ["scheme=sazd", "comm.dissemination=relay"],
+                  "uncoded": ["scheme=uncoded"]}[self.scheme]
+        link = (["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"] if self.link == "none" else
+                [f"comm.emulate.bandwidth_gbps={self.link}", f"comm.emulate.latency_us={LATENCY_US}"])
+        return scheme + [f"code.n={self.n}", f"code.k={self.k}"] + link
+
+    @property
+    def label(self) -> str:
+        """Return the case in words."""
+        return f"{self.scheme}, n={self.n}, {link_words(self.link)}, {self.straggler}"
+
+
+def link_words(link: str) -> str:
+    """Return a link setting in words."""
+    return "no emulation" if link == "none" else f"{link} Gb/s"
+
+
+def parser() -> argparse.ArgumentParser:
+    """Return the benchmark's argument parser."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    rep.add_report_options(p, NAME)
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"the config every case trains (default {DEFAULT_CONFIG})")
+    p.add_argument("--schemes", default=",".join(SCHEMES), help=f"comma-separated, of {', '.join(SCHEMES)}")
+    p.add_argument("--workers", default="4,8", help="comma-separated worker counts n (default 4,8)")
+    p.add_argument("--links", default=",".join(LINKS), help="comma-separated: none and link speeds in Gb/s "
+                   "(default none,10,1)")
+    p.add_argument("--stragglers", default=",".join(STRAGGLERS), help="comma-separated, of none, stop-go")
+    p.add_argument("--iterations", type=int, default=30, help="iterations per case (default 30)")
+    p.add_argument("--stop-s", type=float, default=0.4, help="stop-go: seconds stopped (default 0.4)")
+    p.add_argument("--go-s", type=float, default=0.1, help="stop-go: seconds running (default 0.1)")
+    p.add_argument("--repeat", type=int, default=1, metavar="R",
+                   help="train every case R times (passes over all cases); report each case's median run")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per case")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every case")
+    return p
+
+
+def plan(args: argparse.Namespace) -> Union[List[Case], str]:
+    """Return the cases the options ask for, or the error line for a bad option."""
+    schemes = [s for s in args.schemes.split(",") if s]
+    bad = [s for s in schemes if s not in SCHEMES]
+    if bad or not schemes:
+        return f"--schemes: got {args.schemes!r}, expected a comma-separated list of {', '.join(SCHEMES)}"
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w]
+    except ValueError:
+        workers = []
+    if not workers or any(w < 2 for w in workers):
+        return f"--workers: got {args.workers!r}, expected comma-separated worker counts >= 2"
+    links = [link for link in args.links.split(",") if link]
+    if not links or any(link != "none" and not _positive(link) for link in links):
+        return f"--links: got {args.links!r}, expected 'none' and/or link speeds in Gb/s (> 0)"
+    stragglers = [s for s in args.stragglers.split(",") if s]
+    if not stragglers or any(s not in STRAGGLERS for s in stragglers):
+        return f"--stragglers: got {args.stragglers!r}, expected a comma-separated list of {', '.join(STRAGGLERS)}"
+    for name in ("stop_s", "go_s"):
+        if not getattr(args, name) > 0:
+            return f"--{name.replace('_', '-')}: got {getattr(args, name)}, expected seconds > 0"
+    if args.iterations < 3:
+        return f"--iterations: got {args.iterations}, expected at least 3"
+    if args.repeat < 1:
+        return f"--repeat: got {args.repeat}, expected at least 1"
+    return [Case(s, n, link, straggler) for n in workers for link in links for straggler in stragglers
+            for s in schemes]
+
+
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
+def job_pid(marker: str, rank: int, timeout_s: float = 120.0) -> Optional[int]:
+    """Return the pid of the job's process of `rank` (found by its environment), waiting for it to start."""
+    wanted = {f"PSF_BENCH_JOB={marker}".encode()}
+    ranks = {f"PMI_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()}
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    env = set(fh.read().split(b"\0"))
+            except OSError:
+                continue
+            if wanted <= env and ranks & env:
+                return int(entry)
+        time.sleep(0.05)
+    return None
+
+
+def rows_of(path: str) -> List[Dict[str, Any]]:
+    """Return the metrics rows written so far (the last line may still be partial: it is left out)."""
+    try:
+        with open(path) as fh:
+            lines = fh.read().split("\n")
+    except OSError:
+        return []
+    out = []
+    for line in lines[:-1]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def metrics_path(run_dir: str) -> str:
+    """Return where a run's metrics are, while it runs and once it has finished."""
+    partial = os.path.join(run_dir, "metrics.jsonl.partial")
+    return partial if os.path.exists(partial) else os.path.join(run_dir, "metrics.jsonl")
+
+
+def run_case(case: Case, config: str, iterations: int, overrides: Sequence[str], out: str,
+             stop_go: Tuple[float, float], timeout_s: float) -> Dict[str, Any]:
+    """Train one case (stopping and letting go a worker in stop-go); return its figures."""
+    from psframework.runtime.stragglers import Freezer, StragglerSpec
+
+    run_dir = os.path.join(out, case.label.replace(" ", "").replace(",", "_").replace("/", "_"))
+    common = [f"train.max_iterations={iterations}", "train.epochs=1000", f"train.eval_every={iterations}",
+              "output.progress=off"] + case.overrides() + list(overrides)
+    if case.scheme == "ddp":
+        args = ["-m", "psframework.bench.ddp", config, run_dir] + common
+    else:
+        args = ["-m", "psframework", "train", config, f"name={os.path.basename(run_dir)}", f"output.dir={out}",
+                "output.overwrite=true"] + common
+    marker = uuid.uuid4().hex
+    argv, env = mpi_command(case.ranks, args, timeout_s=timeout_s, env={"PSF_BENCH_JOB": marker})
+    print(f"{PROG}: {case.label}: mpiexec -n {case.ranks} python -m mpi4py {' '.join(args)}", flush=True)
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    freezer, frozen_after = None, 1
+    try:
+        if case.straggler == "stop-go":
+            frozen_after = _await_rows(proc, run_dir, 1, timeout_s)
+            pid = job_pid(marker, case.stopped_rank, 10.0)
+            if pid is not None and proc.poll() is None:
+                freezer = Freezer(StragglerSpec("freeze", (case.stopped_rank,), pause_s=stop_go[0],
+                                                duty=stop_go[0] / sum(stop_go)), pid=pid)
+        code = proc.wait(timeout=timeout_s + 30)
+    finally:
+        if freezer is not None:
+            freezer.stop()
+        if proc.poll() is None:
+            proc.kill()
+    log.seek(0)
+    if code != 0:
+        tail = log.read().strip().splitlines()[-5:]
+        raise RuntimeError(f"case {case.label!r} failed with exit status {code}: {' | '.join(tail)}")
+    return figures(case, run_dir, frozen_after)
+
+
+def _await_rows(proc: subprocess.Popen, run_dir: str, count: int, timeout_s: float) -> int:
+    """Wait until the run has written `count` metrics rows; return how many it had then."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and proc.poll() is None:
+        rows = len(rows_of(metrics_path(run_dir)))
+        if rows >= count:
+            return rows
+        time.sleep(0.01)
+    return count
+
+
+def figures(case: Case, run_dir: str, after: int) -> Dict[str, Any]:
+    """Return a finished case's figures from its summary and metrics (iterations after `after` count)."""
+    with open(os.path.join(run_dir, "summary.json")) as fh:
+        summary = json.load(fh)
+    rows = rows_of(os.path.join(run_dir, "metrics.jsonl"))
+    timed = [r["iteration_s"] for r in rows if r["iteration"] > after] or [r["iteration_s"] for r in rows[1:]]
+    sent = summary.get("server_bytes_sent_per_iteration") or 0.0
+    received = summary.get("server_bytes_received_per_iteration") or 0.0
+    return {"scheme": case.scheme, "n": case.n, "k": case.k, "link": case.link, "straggler": case.straggler,
+            "ranks": case.ranks, "label": case.label, "iteration_s": sum(timed) / len(timed),
+            "timed_iterations": len(timed), "cpu_s_per_iteration": summary["cpu_s_per_iteration"]["total"],
+            "rank0_bytes_per_iteration": sent + received,
+            "detached": len([e for e in summary.get("membership") or []])}
+
+
+def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Return the run with the median iteration time, listing every run's."""
+    ordered = sorted(runs, key=lambda r: r["iteration_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["repeat_iteration_s"] = [r["iteration_s"] for r in runs]
+    return chosen
+
+
+def ratios(cases: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Return, per worker count and link, each scheme's figures over DDP's and relay's over direct's."""
+    by = {(c["scheme"], c["n"], c["link"], c["straggler"]): c for c in cases}
+    out = []
+    for n, link in dict.fromkeys((c["n"], c["link"]) for c in cases):
+        entry: Dict[str, Any] = {"n": n, "link": link}
+        ddp, ddp_go = by.get(("ddp", n, link, "none")), by.get(("ddp", n, link, "stop-go"))
+        for scheme in SCHEMES[1:]:
+            calm, go = by.get((scheme, n, link, "none")), by.get((scheme, n, link, "stop-go"))
+            key = scheme.replace("-", "_")
+            if calm and ddp:
+                entry[f"{key}_over_ddp_time"] = calm["iteration_s"] / ddp["iteration_s"]
+                entry[f"{key}_over_ddp_cpu"] = calm["cpu_s_per_iteration"] / ddp["cpu_s_per_iteration"]
+            if go and ddp_go:
+                entry[f"ddp_over_{key}_stop_go"] = ddp_go["iteration_s"] / go["iteration_s"]
+        direct, relay = by.get(("sazd", n, link, "none")), by.get(("sazd-relay", n, link, "none"))
+        if direct and relay:
+            entry["relay_over_direct_time"] = relay["iteration_s"] / direct["iteration_s"]
+        out.append(entry)
+    return out
+
+
+def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
+    """Train every case and return the report, or exit status 2 on bad options or config."""
+    from psframework.config import ConfigError
+
+    cases = plan(args)
+    if isinstance(cases, str):
+        return rep.fail(PROG, cases)
+    try:
+        base = setting(args.config, list(args.overrides))
+    except ConfigError as exc:
+        return rep.fail(PROG, str(exc))
+    runs: Dict[str, List[Dict[str, Any]]] = {c.label: [] for c in cases}
+    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
+        for _ in range(args.repeat):
+            for case in cases:
+                done = run_case(case, args.config, args.iterations, args.overrides, tmp,
+                                (args.stop_s, args.go_s), args.timeout)
+                runs[case.label].append(done)
+                print(f"  {done['iteration_s'] * 1e3:.1f} ms/it, {done['cpu_s_per_iteration'] * 1e3:.1f} ms of "
+                      f"processor time/it, rank 0 {done['rank0_bytes_per_iteration'] / MIB:.2f} MiB/it", flush=True)
+    results = [median_case(r) if len(r) > 1 else r[0] for r in runs.values()]
+    return {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
+            "inputs": {"config": args.config, "setting": base, "overrides": list(args.overrides),
+                       "iterations": args.iterations, "stop_s": args.stop_s, "go_s": args.go_s,
+                       "repeat": args.repeat, "latency_us": LATENCY_US},
+            "cases": results, "ratios": ratios(results)}
+
+
+def _times(value: Optional[float], base: Optional[float]) -> str:
+    """Return ' (R x)' for value over base, or '' when either is missing."""
+    return "" if value is None or not base else f" ({value / base:.2f}x)"
+
+
+def _row(scheme: str, calm: Optional[Mapping[str, Any]], go: Optional[Mapping[str, Any]],
+         ddp: Optional[Mapping[str, Any]], ddp_go: Optional[Mapping[str, Any]]) -> str:
+    """Return one table row: a scheme's figures undisturbed and in stop-go, against DDP's."""
+    any_case = calm or go
+    assert any_case is not None
+    coded = scheme in ("sazd", "sazd-relay", "uncoded")
+    cells = [scheme, str(any_case["k"]) if coded else ""]
+    if calm:
+        cells += [f"{calm['iteration_s'] * 1e3:.1f}{_times(calm['iteration_s'], ddp and ddp['iteration_s'])}",
+                  f"{calm['cpu_s_per_iteration'] * 1e3:.1f}"
+                  f"{_times(calm['cpu_s_per_iteration'], ddp and ddp['cpu_s_per_iteration'])}"]
+    else:
+        cells += ["", ""]
+    if go:
+        slowdown = f"{go['iteration_s'] / calm['iteration_s']:.2f}x" if calm else ""
+        faster = f"{ddp_go['iteration_s'] / go['iteration_s']:.2f}x" if ddp_go and scheme != "ddp" else ""
+        cells += [f"{go['iteration_s'] * 1e3:.1f}", slowdown, faster]
+    else:
+        cells += ["", "", ""]
+    cells += [f"{any_case['rank0_bytes_per_iteration'] / MIB:.1f}",
+              " / ".join(str(c["detached"]) for c in (calm, go) if c)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def tables(report: Mapping[str, Any]) -> List[str]:
+    """Return one table per worker count and link."""
+    cases = report["cases"]
+    by = {(c["scheme"], c["n"], c["link"], c["straggler"]): c for c in cases}
+    lines: List[str] = []
+    for n, link in dict.fromkeys((c["n"], c["link"]) for c in cases):
+        k = next(c["k"] for c in cases if c["n"] == n and c["scheme"] not in ("uncoded",))
+        lines += [f"### n = {n} workers, {link_words(link)}" + (f" (coded k = {k})" if n else ""), "",
+                  "| scheme | k | s / iteration, undisturbed (x DDP) | CPU ms / iteration, all ranks (x DDP) | "
+                  "ms / iteration, stop-go | stop-go slowdown | DDP / scheme in stop-go | rank 0 MiB / iteration | "
+                  "workers detached |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        ddp, ddp_go = by.get(("ddp", n, link, "none")), by.get(("ddp", n, link, "stop-go"))
+        for scheme in SCHEMES:
+            calm, go = by.get((scheme, n, link, "none")), by.get((scheme, n, link, "stop-go"))
+            if calm or go:
+                lines.append(_row(scheme, calm, go, ddp, ddp_go))
+        lines.append("")
+    return lines
+
+
+def ratio_lines(report: Mapping[str, Any]) -> List[str]:
+    """Return the ratios of each worker count and link as list items."""
+    lines = []
+    for entry in report["ratios"]:
+        parts = [f"{key} {value:.2f}" for key, value in entry.items() if key not in ("n", "link")]
+        if parts:
+            lines.append(f"- n = {entry['n']}, {link_words(entry['link'])}: " + ", ".join(parts))
+    return lines
+
+
+def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return the peers benchmark report as Markdown."""
+    inputs = report["inputs"]
+    extra = " ".join(inputs.get("overrides") or [])
+    lines = [
+        "# Head to head: torch DDP and psframework's schemes", "",
+        f"Command: `{report['command']}` (runs each case under `mpiexec`, one after another).",
+        f"Machine: {report['machine']}. Date: {report['date']}.", "",
+        f"- `{inputs['config']}`: {setting_text(inputs['setting'])}" + (f"; overrides `{extra}`" if extra else ""),
+        f"- {inputs['iterations']} iterations per case" + (f", median of {inputs['repeat']} runs" if
+                                                           inputs.get("repeat", 1) > 1 else "") +
+        f"; emulated links add {inputs['latency_us']} us of latency; stop-go: the benchmark stops one worker "
+        f"(SIGSTOP) for {inputs['stop_s']:g} s and lets it run (SIGCONT) for {inputs['go_s']:g} s, over and "
+        "over, from the end of the first iteration",
+        "- DDP: torch DistributedDataParallel (gloo on the CPU), one process per worker, each on its share of the "
+        "global batch; with emulated links each gradient bucket's allreduce waits for a ring allreduce's bytes "
+        "on the process's link while the backward pass goes on. Its rank 0 bytes are those a ring allreduce "
+        "sends and receives per process.",
+        "- ps and stanza take the first n - 1 workers of every round (one backup worker); sazd decodes from the "
+        "first k of n; uncoded needs all n.",
+        "- s / iteration: the mean after the first iteration (undisturbed) or after the stop-go began; CPU ms: "
+        "processor time per iteration summed over every rank (all threads), the first iteration left out. With "
+        "more ranks than cores, wall time measures the sum of all ranks' work: the processor time compares the "
+        "schemes' cost on any machine.", "",
+        "## Cases", "", *tables(report),
+        "## Ratios", "", *ratio_lines(report), "",
+    ]
+    return "\n".join(lines + expect.section(report, expectations))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmark and write peers.json and peers.md (or re-render with --render)."""
+    return rep.main(NAME, parser(), argv, measure, render)
