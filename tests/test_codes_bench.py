@@ -103,7 +103,7 @@ def test_load_reads_one_benchmark_block(tmp_path):
 def test_the_project_expectations_file_parses_and_covers_every_benchmark():
     with open(os.path.join(DOCS, "expectations.yaml")) as fh:
         data = yaml.safe_load(fh)
-    assert set(data) == {"codec", "comm", "scaleout", "schemes", "stragglers"}
+    assert set(data) == {"codec", "comm", "peers", "scaleout", "schemes", "stragglers"}
     for name in data:
         assert expect.parse_block(expect.load(os.path.join(DOCS, "expectations.yaml"), name))
 

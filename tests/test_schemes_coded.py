@@ -73,6 +73,7 @@ def test_scheme_matches_reference(tmp_path, reference, ranks, overrides):
     for key in ("wait_s", "decode_s", "encode_s", "comm_s", "compute_s", "bytes_sent", "bytes_received", "used"):
         assert key in rows[-1]
     assert summary["server_bytes_sent"] > 0 and summary["world_size"] == ranks
+    assert summary["membership"] == []  # no straggler: no worker is detached
     if "code.subsets=rotate" in overrides:
         used = {tuple(u) for row in rows for u in row["used"]}
         k = summary["k"]

@@ -156,6 +156,7 @@ def test_measured_bytes_match_the_analytic_count(tmp_path, overrides):
     sent, received = analytic_server_bytes(make_settings(load_config(CONFIG, overrides)))
     for row in rows(run_dir)[1:]:
         assert (row["bytes_sent"], row["bytes_received"]) == (sent, received)
+    assert json.loads((run_dir / "summary.json").read_text())["membership"] == []  # no straggler, no detach
 
 
 # A scheme added from outside the package (tests/mpi/toy_scheme.py, the README's "Adding a scheme"):

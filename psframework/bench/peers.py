@@ -8,9 +8,11 @@ without emulated links and with links emulated at 10 and 1 Gb/s (50 us), once un
 with one worker in stop-go: the benchmark itself stops that worker's process (SIGSTOP) for --stop-s
 seconds and lets it run (SIGCONT) for --go-s seconds, over and over, from the end of the first
 iteration on. Reported per case: seconds per iteration (the mean after the first, or after the
-stop-go began), processor seconds per iteration summed over every rank, rank 0's bytes per iteration
-(sent + received; DDP: what each process sends and receives in a ring allreduce) and detached workers.
-Writes peers.json and peers.md.
+stop-go began, up to the last, which waits for every worker to finish), processor seconds per
+iteration summed over every rank, rank 0's bytes per iteration (sent + received; DDP: what each process
+sends and receives in a ring allreduce), detached workers, and for psframework's undisturbed cases where
+rank 0's iteration goes (waiting for replies, decoding, encoding, posting, computing). Writes peers.json
+and peers.md.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ LINKS = ("none", "10", "1")  # Gb/s
 STRAGGLERS = ("none", "stop-go")
 LATENCY_US = 50
 STOPPED_WORKER = 2  # the second worker: rank 2 of a psframework job, rank 1 of DDP's
+RANK0_PARTS = ("wait_s", "decode_s", "encode_s", "comm_s", "compute_s")  # rank 0's iteration, part by part
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,14 @@ class Case:
         return f"{self.scheme}, n={self.n}, {link_words(self.link)}, {self.straggler}"
 
 
-def link_words(link: str) -> str:
-    """Return a link setting in words."""
-    return "no emulation" if link == "none" else f"{link} Gb/s"
+def link_words(link: Optional[Any]) -> str:
+    """Return a link setting (Gb/s, or none) in words."""
+    return "no emulation" if link in (None, "none") else f"{float(link):g} Gb/s"
+
+
+def link_gbps(link: str) -> Optional[float]:
+    """Return a link setting as a number of Gb/s, None for no emulation."""
+    return None if link == "none" else float(link)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -239,13 +247,20 @@ def figures(case: Case, run_dir: str, after: int) -> Dict[str, Any]:
     with open(os.path.join(run_dir, "summary.json")) as fh:
         summary = json.load(fh)
     rows = rows_of(os.path.join(run_dir, "metrics.jsonl"))
-    timed = [r["iteration_s"] for r in rows if r["iteration"] > after] or [r["iteration_s"] for r in rows[1:]]
+    # The iterations after the first (warm-up) or after the stop-go began, but the last: it waits for
+    # the workers to finish the run, a lagging one too.
+    timed = [r for r in rows[:-1] if r["iteration"] > after] or rows[1:]
     sent = summary.get("server_bytes_sent_per_iteration") or 0.0
     received = summary.get("server_bytes_received_per_iteration") or 0.0
-    return {"scheme": case.scheme, "n": case.n, "k": case.k, "link": case.link, "straggler": case.straggler,
-            "ranks": case.ranks, "label": case.label, "iteration_s": sum(timed) / len(timed),
+    parts = {key: sum(r.get(key, 0.0) for r in timed) / len(timed) for key in RANK0_PARTS if key in timed[0]}
+    workers = [w["compute_s"] / max(1, summary["iterations"]) for w in (summary.get("workers") or {}).values()]
+    return {"scheme": case.scheme, "n": case.n, "k": case.k, "link_gbps": link_gbps(case.link),
+            "straggler": case.straggler,
+            "ranks": case.ranks, "label": case.label, "iteration_s": sum(r["iteration_s"] for r in timed) / len(timed),
             "timed_iterations": len(timed), "cpu_s_per_iteration": summary["cpu_s_per_iteration"]["total"],
-            "rank0_bytes_per_iteration": sent + received,
+            "cpu_s_per_iteration_rank0": summary["cpu_s_per_iteration"]["server"],
+            "rank0_bytes_per_iteration": sent + received, "rank0_parts_s": parts,
+            "worker_compute_s": sum(workers) / len(workers) if workers else None,
             "detached": len([e for e in summary.get("membership") or []])}
 
 
@@ -259,10 +274,10 @@ def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 def ratios(cases: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     """Return, per worker count and link, each scheme's figures over DDP's and relay's over direct's."""
-    by = {(c["scheme"], c["n"], c["link"], c["straggler"]): c for c in cases}
+    by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
     out = []
-    for n, link in dict.fromkeys((c["n"], c["link"]) for c in cases):
-        entry: Dict[str, Any] = {"n": n, "link": link}
+    for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
+        entry: Dict[str, Any] = {"n": n, "link_gbps": link}
         ddp, ddp_go = by.get(("ddp", n, link, "none")), by.get(("ddp", n, link, "stop-go"))
         for scheme in SCHEMES[1:]:
             calm, go = by.get((scheme, n, link, "none")), by.get((scheme, n, link, "stop-go"))
@@ -339,12 +354,12 @@ def _row(scheme: str, calm: Optional[Mapping[str, Any]], go: Optional[Mapping[st
 def tables(report: Mapping[str, Any]) -> List[str]:
     """Return one table per worker count and link."""
     cases = report["cases"]
-    by = {(c["scheme"], c["n"], c["link"], c["straggler"]): c for c in cases}
+    by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
     lines: List[str] = []
-    for n, link in dict.fromkeys((c["n"], c["link"]) for c in cases):
+    for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
         k = next(c["k"] for c in cases if c["n"] == n and c["scheme"] not in ("uncoded",))
         lines += [f"### n = {n} workers, {link_words(link)}" + (f" (coded k = {k})" if n else ""), "",
-                  "| scheme | k | s / iteration, undisturbed (x DDP) | CPU ms / iteration, all ranks (x DDP) | "
+                  "| scheme | k | ms / iteration, undisturbed (x DDP) | CPU ms / iteration, all ranks (x DDP) | "
                   "ms / iteration, stop-go | stop-go slowdown | DDP / scheme in stop-go | rank 0 MiB / iteration | "
                   "workers detached |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -357,13 +372,32 @@ def tables(report: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+def parts_table(report: Mapping[str, Any]) -> List[str]:
+    """Return where rank 0's iteration goes in psframework's undisturbed cases, with the workers' compute."""
+    rows = [c for c in report["cases"] if c["straggler"] == "none" and c.get("rank0_parts_s")]
+    if not rows:
+        return []
+    lines = ["| case | iteration | wait for replies | decode | encode | post sends | compute | rank 0 CPU | "
+             "compute per worker |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        p = c["rank0_parts_s"]
+        cells = [c["label"], c["iteration_s"]] + [p.get(key) for key in RANK0_PARTS] + [
+            c["cpu_s_per_iteration_rank0"], c["worker_compute_s"]]
+        lines.append("| " + " | ".join([cells[0]] + ["" if v is None else f"{v * 1e3:.1f}" for v in cells[1:]]) + " |")
+    return ["## Where rank 0's time goes", "",
+            "Milliseconds per iteration, undisturbed, from rank 0's metrics (wait: for the k-th reply of each round; "
+            "post sends: handing messages to MPI; compute: everything else rank 0 does, its layers and the head "
+            "included), its processor time, and each worker's compute time (convolutions and updates):", "",
+            *lines, ""]
+
+
 def ratio_lines(report: Mapping[str, Any]) -> List[str]:
     """Return the ratios of each worker count and link as list items."""
     lines = []
     for entry in report["ratios"]:
-        parts = [f"{key} {value:.2f}" for key, value in entry.items() if key not in ("n", "link")]
+        parts = [f"{key} {value:.2f}" for key, value in entry.items() if key not in ("n", "link_gbps")]
         if parts:
-            lines.append(f"- n = {entry['n']}, {link_words(entry['link'])}: " + ", ".join(parts))
+            lines.append(f"- n = {entry['n']}, {link_words(entry['link_gbps'])}: " + ", ".join(parts))
     return lines
 
 
@@ -387,11 +421,12 @@ def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None
         "sends and receives per process.",
         "- ps and stanza take the first n - 1 workers of every round (one backup worker); sazd decodes from the "
         "first k of n; uncoded needs all n.",
-        "- s / iteration: the mean after the first iteration (undisturbed) or after the stop-go began; CPU ms: "
+        "- ms / iteration: the mean after the first iteration (undisturbed) or after the stop-go began, up to the "
+        "last (which waits for every worker to finish the run); CPU ms: "
         "processor time per iteration summed over every rank (all threads), the first iteration left out. With "
         "more ranks than cores, wall time measures the sum of all ranks' work: the processor time compares the "
         "schemes' cost on any machine.", "",
-        "## Cases", "", *tables(report),
+        "## Cases", "", *tables(report), *parts_table(report),
         "## Ratios", "", *ratio_lines(report), "",
     ]
     return "\n".join(lines + expect.section(report, expectations))

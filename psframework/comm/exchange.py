@@ -40,11 +40,9 @@ def send_shard(transport: Transport, packet: Any, envelope: Envelope,
                peers: Optional[Sequence[int]] = None) -> List[SendHandle]:
     """Start sending `packet` to `peers` (default: every other rank of the transport); return the sends.
 
-    Packets of earlier iterations still kept from the peers are dropped first: they can no longer be needed.
+    A worker may send a packet on as soon as it arrives, iterations ahead of the one it computes.
     """
     everyone = relay_order(transport.rank, transport.size)
-    for peer in everyone:
-        transport.mailbox(peer).discard(lambda e: e.iteration >= envelope.iteration)
     return [transport.isend(peer, packet, envelope) for peer in (everyone if peers is None else peers)]
 
 
@@ -66,6 +64,8 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Op
         raise ValueError(f"k: got {k!r}, expected an integer in 1..{n} (packets needed, own one included)")
     peers = relay_order(me, n)
     boxes = {peer: transport.mailbox(peer) for peer in peers}
+    for box in boxes.values():  # packets of earlier iterations can no longer be needed
+        box.discard(lambda e: e.iteration >= envelope.iteration)
     if sends is None:
         sends = send_shard(transport, packet, envelope)
     start = time.perf_counter()

@@ -25,6 +25,7 @@ class Mailbox:
         self.transport = transport
         self.source = source
         self.kept: Dict[Tuple[int, int], Tuple[Header, Any]] = {}  # (tag, iteration) -> message
+        self.newest = -1  # the latest iteration of any message seen from the source
         self._header = new_header_buffer()
         self._pending: Optional[Tuple[Header, Any, Any]] = None  # a payload on its way
         self._request = self._post_header()
@@ -65,6 +66,7 @@ class Mailbox:
             self._request = self._post_header()
 
     def _keep(self, header: Header, data: Any) -> None:
+        self.newest = max(self.newest, header.envelope.iteration)
         self.transport.stats.received_messages += 1
         self.transport.count_received(header.nbytes)
         self.kept[(header.envelope.tag, header.envelope.iteration)] = (header, data)

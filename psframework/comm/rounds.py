@@ -446,6 +446,7 @@ class WorkerRounds:
         self.relay_first: Optional[int] = None  # None: every peer at once
         self._forwarded: Dict[Tuple[int, int, int], List[Any]] = {}  # (iteration, layer, phase) -> sends
         self._unsent: Dict[Tuple[int, int, int], Tuple[Any, List[int]]] = {}  # -> (packet, peers still to send)
+        self._started: Dict[int, float] = {}  # when this worker began its recent iterations (time.monotonic)
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -584,25 +585,51 @@ class WorkerRounds:
         if self.peers is not None:
             self.peers.progress()
 
-    def exchange(self, packet: Any, envelope: Envelope, k: int, forget_before: int) -> Any:
+    def exchange(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> Any:
         """Exchange packets with the other workers until k are in (relay dissemination); see exchange_shards.
 
-        Messages kept back for a peer from before iteration `forget_before` are dropped (it lags too
-        far to need them); the watchdog names silent peers by their ranks in the job.
+        Then forget the packets kept back (flow control) that a peer can no longer need: those older
+        than the latest iteration it has sent, and, once it has sent and acknowledged nothing for
+        `stopped_after` of this worker's iterations, those older than this one (it has stopped, and the
+        server, which detaches a worker silent for half as long, readmits it at a later iteration). A
+        slow peer that still answers loses nothing. The watchdog names silent peers by their ranks in the job.
         """
         from .exchange import exchange_shards
 
+        iteration = envelope.iteration
+        self._started.setdefault(iteration, time.monotonic())
+        self._started.pop(iteration - stopped_after - 1, None)
         # The waits of the peers' transport do not serve the server's inbox: take it in here.
-        key = (envelope.iteration, envelope.layer, envelope.phase)
+        key = (iteration, envelope.layer, envelope.phase)
         sends = self._forwarded.pop(key, None)
         if sends is None:
             sends = self._relay(key, packet)
         shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                 interrupt=lambda: (self.inbox.progress(), self.serve(envelope.iteration)),
-                                 sends=sends)
+                                 interrupt=lambda: (self.inbox.progress(), self.serve(iteration)), sends=sends)
+        since = self._started.get(iteration - stopped_after + 1)
         for peer in range(self.peers.size):
-            self.peers.drop(peer, forget_before)
+            if peer != self.peers.rank:
+                stopped = since is not None and self.peers.heard_from(peer) < since
+                self.peers.drop(peer, iteration if stopped else self.peers.mailbox(peer).newest)
         return shards
+
+    def await_peers(self) -> None:
+        """Go on relaying until every other worker has finished too: one that lags may still need packets
+        this worker keeps back for it. A peer that the MPI reports dead counts as finished."""
+        from mpi4py import MPI
+
+        request = self.peers.comm.Ibarrier()
+
+        def finished() -> bool:
+            self.peers.progress()
+            try:
+                return bool(request.Test())
+            except MPI.Exception:
+                return True
+
+        if not self.transport.wait_until(finished, self.timeout_s):
+            raise WatchdogTimeout(self.peers.named([p for p in range(self.peers.size) if p != self.peers.rank]),
+                                  "the other workers to finish the run", self.timeout_s or 0.0)
 
     def stop(self, total: int) -> int:
         """Take the stop message, send the report, close the transport; return the iteration the run stopped at.
@@ -616,6 +643,7 @@ class WorkerRounds:
         for early in self.inbox.iterations(Msg.stop_early(0)):
             self.inbox.take(Msg.stop_early(early))
         if self.peers is not None:
+            self.await_peers()
             self.peers.close(timeout_s=1.0)
         self.transport.close(timeout_s=1.0)
         self.roles.free()

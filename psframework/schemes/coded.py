@@ -298,7 +298,7 @@ class CodedWorkerBase(WorkerSide):
         if not self.dissemination.relayed or self.coded_packet(kind, layer):
             return data
         shards = self.link.exchange(data, Msg.shard(iteration, layer, phase), self.k,
-                                    forget_before=iteration - self.settings.transport.detach_after)
+                                    stopped_after=2 * self.settings.transport.detach_after)
         packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
         # The packets sent to peers stay alive in their send handles: no need to wait for them here.
         return self.dissemination.restore(packets, self.shapes[(kind, layer)], torch.float32)
