@@ -1,4 +1,4 @@
-"""psf bench peers: its cases, ratios and report, and a small run of DDP and sazd under mpiexec with a stop-go worker."""
+"""psf bench peers: its cases, ratios and report, and a small run of DDP and sazd with a stop-go worker."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ def case(scheme, n=4, link=None, straggler="none", time=0.1, cpu=0.2, detached=0
             "label": f"{scheme}, n={n}, {peers.link_words(link)}, {straggler}", "iteration_s": time,
             "timed_iterations": 10, "cpu_s_per_iteration": cpu, "cpu_s_per_iteration_rank0": cpu / 4,
             "rank0_bytes_per_iteration": 2 ** 20, "detached": detached, "worker_compute_s": 0.01,
-            "rank0_parts_s": {} if scheme == "ddp" else {"wait_s": 0.05, "decode_s": 0.01, "encode_s": 0.01,
-                                                          "comm_s": 0.001, "compute_s": 0.03}}
+            "rank0_parts_s": {} if scheme == "ddp" else PARTS}
+
+
+PARTS = {"wait_s": 0.05, "decode_s": 0.01, "encode_s": 0.01, "comm_s": 0.001, "compute_s": 0.03}
 
 
 def report(cases):

@@ -93,13 +93,19 @@ class FlowControl:
         while peer.queue and self._open(peer) and self._ready(peer.queue[0]):
             self._post(peer.queue.popleft())
 
-    def posting(self, dest: int) -> Tuple[int, bool]:
-        """Count a message about to be posted; return the header's (ack, paced) words."""
-        peer = self.peer(dest)
-        peer.posted += 1
-        peer.told = peer.received
+    def posting(self, dest: int) -> None:
+        """Count a message leaving the window for the wire (an emulated link may still hold it a while)."""
+        self.peer(dest).posted += 1
         if self.paced and dest not in self._incoming:
             self._expect_credit(dest)
+
+    def ack_words(self, dest: int) -> Tuple[int, bool]:
+        """Return the (ack, paced) words of a header going on the wire now: what has come from `dest` so far.
+
+        Set when the message really goes, so that an ack never waits on an emulated link behind it
+        (credits tell the rest meanwhile)."""
+        peer = self.peer(dest)
+        peer.told = peer.received
         return peer.received, self.paced
 
     def _expect_credit(self, rank: int) -> None:

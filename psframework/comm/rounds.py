@@ -486,6 +486,22 @@ class WorkerRounds:
         self.relay_arrivals()
         return arrived
 
+    def let_sends_go(self, envelope: Envelope) -> None:
+        """Poll until no message of this worker waits on its emulated link (or the server's `envelope` is in).
+
+        A message held back leaves only at a poll: a worker about to compute for a while lets its
+        reply go first."""
+        def holding() -> bool:
+            return self.transport.holding() or (self.peers is not None and self.peers.holding())
+
+        def done() -> bool:
+            if self.peers is not None:
+                self.peers.progress()
+            return self.has(envelope) or not holding()
+
+        if holding():  # every held message is due within its link's transfer time: no watchdog needed
+            self.transport.wait_until(done, None)
+
     def relay_arrivals(self) -> None:
         """Send the first peers every relayed server message that has arrived and has not been sent on yet."""
         if self.relayed is None:
@@ -599,13 +615,14 @@ class WorkerRounds:
         iteration = envelope.iteration
         self._started.setdefault(iteration, time.monotonic())
         self._started.pop(iteration - stopped_after - 1, None)
-        # The waits of the peers' transport do not serve the server's inbox: take it in here.
+        # The waits of the peers' transport do not serve the server's transport: move it on here (its
+        # inbox, and a reply of this worker's waiting on its emulated link).
         key = (iteration, envelope.layer, envelope.phase)
         sends = self._forwarded.pop(key, None)
         if sends is None:
             sends = self._relay(key, packet)
         shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                 interrupt=lambda: (self.inbox.progress(), self.serve(iteration)), sends=sends)
+                                 interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
         since = self._started.get(iteration - stopped_after + 1)
         for peer in range(self.peers.size):
             if peer != self.peers.rank:

@@ -409,12 +409,16 @@ class Transport:
 
     def _post_message(self, handle: SendHandle) -> None:
         """Post one message, header then payload: every message that goes on the wire passes through here."""
-        set_flow(handle.header, *self.flow.posting(handle.dest))
+        self.flow.posting(handle.dest)
         due = None if self.send_hook is None else self.send_hook(handle.dest, handle.envelope, handle.nbytes)
         if due is not None and (self._departures or due > time.perf_counter()):
             self._departures.append((due, handle))
             return
         self._isend(handle)
+
+    def holding(self) -> bool:
+        """Return whether the send hook still holds messages back (on an emulated link)."""
+        return bool(self._departures)
 
     def _next_departure(self) -> Optional[float]:
         """Return when the next message held back by the send hook may go (None: none is held back)."""
@@ -431,6 +435,7 @@ class Transport:
     def _isend(self, handle: SendHandle) -> None:
         dest, envelope, header, wire = handle.dest, handle.envelope, handle.header, handle.wire
         assert wire is not None
+        set_flow(header, *self.flow.ack_words(dest))
         tag = envelope.tag
         if dest in self.failed:
             handle.drop()

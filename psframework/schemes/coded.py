@@ -264,6 +264,7 @@ class CodedWorkerBase(WorkerSide):
         if kind != FORWARD:
             return
         while not self.link.has(envelope):
+            self.link.let_sends_go(envelope)
             t0 = time.perf_counter()
             more = self.spare_work(layer)
             work_s = time.perf_counter() - t0
