@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
 from psframework.bench import expectations as expect
 from psframework.bench import peers
+from psframework.bench.cases import CaseFileError
+from psframework.bench.contenders import load as load_contenders
+from psframework.bench.contenders import parse as parse_contenders
 from psframework.bench.ddp import ring_bytes
 from psframework.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
+CONTENDERS = load_contenders(os.path.join(ROOT, peers.DEFAULT_CONTENDERS), "stanza")
+CODED = {c.name for c in CONTENDERS.contenders if c.coded}
 
 
 def case(scheme, n=4, link=None, straggler="none", time=0.1, cpu=0.2, detached=0):
     k = n if scheme == "uncoded" else n - max(1, n // 4)
-    return {"scheme": scheme, "n": n, "k": k, "link_gbps": link, "straggler": straggler, "ranks": n + 1,
+    return {"scheme": scheme, "coded": scheme in CODED, "n": n, "k": k, "link_gbps": link, "straggler": straggler,
+            "ranks": n + 1,
             "label": f"{scheme}, n={n}, {peers.link_words(link)}, {straggler}", "iteration_s": time,
             "timed_iterations": 10, "cpu_s_per_iteration": cpu, "cpu_s_per_iteration_rank0": cpu / 4,
             "rank0_bytes_per_iteration": 2 ** 20, "detached": detached, "worker_compute_s": 0.01,
@@ -32,10 +39,14 @@ def report(cases):
     return {"benchmark": "peers", "command": "psf bench peers --workers 4", "machine": "Test CPU, 2 cores",
             "date": "2030-01-02T03:04:05+00:00",
             "inputs": {"config": "configs/bench_stanza.yaml", "overrides": [], "iterations": 30, "stop_s": 0.4,
-                       "go_s": 0.1, "repeat": 1, "latency_us": 50,
+                       "go_s": 0.1, "repeat": 1, "latency_us": 50, "baseline": "ddp",
                        "setting": {"model": "vgg-small", "conv_channels": [32, 64], "fc": [1024], "classes": 10,
                                    "dataset": "synthetic", "input": [3, 32, 32], "batch_size": 64}},
-            "cases": cases, "ratios": peers.ratios(cases)}
+            "cases": cases, "ratios": ratios(cases)}
+
+
+def ratios(cases):
+    return peers.ratios(cases, CONTENDERS.baseline, CONTENDERS.pairs)
 
 
 def test_ratios_compare_every_scheme_with_ddp_and_relay_with_direct():
@@ -43,7 +54,7 @@ def test_ratios_compare_every_scheme_with_ddp_and_relay_with_direct():
              case("sazd", time=0.15, cpu=0.3), case("sazd", straggler="stop-go", time=0.125, detached=3),
              case("sazd-relay", time=0.16), case("ps", straggler="stop-go", time=0.1),
              case("sazd", link=1.0, time=0.6), case("sazd-relay", link=1.0, time=0.4)]
-    entries = {(e["n"], e["link_gbps"]): e for e in peers.ratios(cases)}
+    entries = {(e["n"], e["link_gbps"]): e for e in ratios(cases)}
     local = entries[(4, None)]
     assert local["sazd_over_ddp_time"] == pytest.approx(1.5) and local["sazd_over_ddp_cpu"] == pytest.approx(1.5)
     assert local["ddp_over_sazd_stop_go"] == pytest.approx(4.0) and local["ddp_over_ps_stop_go"] == pytest.approx(5)
@@ -79,6 +90,29 @@ def test_bad_options_are_one_line(tmp_path, capsys, option, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not os.listdir(tmp_path)
+
+
+def test_the_contender_file_names_ddp_as_baseline_and_takes_k_from_the_registry():
+    assert [c.name for c in CONTENDERS.contenders] == ["ddp", "ps", "stanza", "sazd", "sazd-relay", "uncoded"]
+    assert CONTENDERS.baseline == "ddp" and CONTENDERS.pairs == {"relay_over_direct_time": ("sazd-relay", "sazd")}
+    assert CODED == {"sazd", "sazd-relay", "uncoded"}
+    cases = {c.name: peers.Case(c, 8, "none", "none") for c in CONTENDERS.contenders}
+    assert cases["sazd"].k == 6 and cases["uncoded"].k == 8 and cases["ddp"].ranks == 8 and cases["ps"].ranks == 9
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"contenders": []}, "contenders: expected a non-empty list"),
+    ({"contenders": [{"name": "a b"}], "baseline": "a b"}, "name: got 'a b'"),
+    ({"contenders": [{"name": "a", "overrides": ["scheme=sazdd"]}], "baseline": "a"}, "did you mean 'sazd'"),
+    ({"contenders": [{"name": "a", "program": "horovod"}], "baseline": "a"}, "program: got 'horovod'"),
+    ({"contenders": [{"name": "a"}, {"name": "a"}], "baseline": "a"}, "two contenders share the name 'a'"),
+    ({"contenders": [{"name": "a"}], "baseline": "b"}, "baseline: got 'b', expected one of the contenders a"),
+    ({"contenders": [{"name": "a"}], "baseline": "a", "pairs": {"x": ["a"]}}, "pairs: x: expected [numerator"),
+    ({"contenders": [{"name": "a", "colour": 1}], "baseline": "a"}, "unknown key 'colour'"),
+])
+def test_a_bad_contender_file_names_what_is_wrong(data, message):
+    with pytest.raises(CaseFileError, match=re.escape(message)):
+        parse_contenders("peers.yaml", data, "stanza")
 
 
 def test_ddp_sends_a_ring_allreduce_per_process():

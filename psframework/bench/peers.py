@@ -29,13 +29,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from psframework.bench import expectations as expect
 from psframework.bench import report as rep
+from psframework.bench.cases import CaseFileError
+from psframework.bench.contenders import Contender, ContenderFile
+from psframework.bench.contenders import load as load_contenders
 from psframework.bench.runs import MIB, machine, setting, setting_text
 from psframework.launch import mpi_command
 
 NAME = "peers"
 PROG = f"psf bench {NAME}"
 DEFAULT_CONFIG = os.path.join("configs", "bench_stanza.yaml")
-SCHEMES = ("ddp", "ps", "stanza", "sazd", "sazd-relay", "uncoded")
+DEFAULT_CONTENDERS = os.path.join("configs", "bench", "peers.yaml")
 LINKS = ("none", "10", "1")  # Gb/s
 STRAGGLERS = ("none", "stop-go")
 LATENCY_US = 50
@@ -45,43 +48,43 @@ RANK0_PARTS = ("wait_s", "decode_s", "encode_s", "comm_s", "compute_s")  # rank 
 
 @dataclass(frozen=True)
 class Case:
-    """One training job: a scheme with n workers, a link and a straggler setting."""
+    """One training job: a contender with n workers, a link and a straggler setting."""
 
-    scheme: str
+    contender: Contender
     n: int
     link: str
     straggler: str
 
     @property
+    def ddp(self) -> bool:
+        """Return whether torch DDP trains the case (one process per worker)."""
+        return self.contender.program == "ddp"
+
+    @property
     def k(self) -> int:
-        """Return the replies a coded round needs: n - n/4 (n/4 stragglers tolerated), n for uncoded."""
-        return self.n if self.scheme == "uncoded" else self.n - max(1, self.n // 4)
+        """Return the replies a round needs: n - n/4 (n/4 stragglers tolerated), or n when every worker is."""
+        return self.n if self.contender.needs_every_worker else self.n - max(1, self.n // 4)
 
     @property
     def ranks(self) -> int:
         """Return the MPI ranks of the job: n DDP processes, or a server and n workers."""
-        return self.n if self.scheme == "ddp" else self.n + 1
+        return self.n if self.ddp else self.n + 1
 
     @property
     def stopped_rank(self) -> int:
         """Return the rank stopped and let go in stop-go."""
-        return STOPPED_WORKER - 1 if self.scheme == "ddp" else STOPPED_WORKER
+        return STOPPED_WORKER - 1 if self.ddp else STOPPED_WORKER
 
     def overrides(self) -> List[str]:
         """Return the config overrides of the case."""
-        scheme = {"ddp": ["scheme=reference"], "ps": ["scheme=ps", "train.backup_workers=1"],
-                  "stanza": ["scheme=stanza", "train.backup_workers=1"],
-                  "sazd": ["scheme=sazd", "comm.dissemination=direct"],
-                  "sazd-relay": ["scheme=sazd", "comm.dissemination=relay"],
-                  "uncoded": ["scheme=uncoded"]}[self.scheme]
         link = (["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"] if self.link == "none" else
                 [f"comm.emulate.bandwidth_gbps={self.link}", f"comm.emulate.latency_us={LATENCY_US}"])
-        return scheme + [f"code.n={self.n}", f"code.k={self.k}"] + link
+        return list(self.contender.overrides) + [f"code.n={self.n}", f"code.k={self.k}"] + link
 
     @property
     def label(self) -> str:
         """Return the case in words."""
-        return f"{self.scheme}, n={self.n}, {link_words(self.link)}, {self.straggler}"
+        return f"{self.contender.name}, n={self.n}, {link_words(self.link)}, {self.straggler}"
 
 
 def link_words(link: Optional[Any]) -> str:
@@ -99,7 +102,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     rep.add_report_options(p, NAME)
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"the config every case trains (default {DEFAULT_CONFIG})")
-    p.add_argument("--schemes", default=",".join(SCHEMES), help=f"comma-separated, of {', '.join(SCHEMES)}")
+    p.add_argument("--cases", default=DEFAULT_CONTENDERS, metavar="FILE", help="the contenders, the baseline and "
+                   f"the extra ratios (default {DEFAULT_CONTENDERS}; the format is in psframework/bench/contenders.py)")
+    p.add_argument("--schemes", default=None, help="comma-separated contenders of the --cases file (default all)")
     p.add_argument("--workers", default="4,8", help="comma-separated worker counts n (default 4,8)")
     p.add_argument("--links", default=",".join(LINKS), help="comma-separated: none and link speeds in Gb/s "
                    "(default none,10,1)")
@@ -114,12 +119,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan(args: argparse.Namespace) -> Union[List[Case], str]:
+def plan(args: argparse.Namespace, contenders: ContenderFile) -> Union[List[Case], str]:
     """Return the cases the options ask for, or the error line for a bad option."""
-    schemes = [s for s in args.schemes.split(",") if s]
-    bad = [s for s in schemes if s not in SCHEMES]
-    if bad or not schemes:
-        return f"--schemes: got {args.schemes!r}, expected a comma-separated list of {', '.join(SCHEMES)}"
+    names = [c.name for c in contenders.contenders]
+    schemes = names if args.schemes is None else [s for s in args.schemes.split(",") if s]
+    if not schemes or any(s not in names for s in schemes):
+        return f"--schemes: got {args.schemes!r}, expected a comma-separated list of {', '.join(names)}"
     try:
         workers = [int(w) for w in args.workers.split(",") if w]
     except ValueError:
@@ -139,8 +144,8 @@ def plan(args: argparse.Namespace) -> Union[List[Case], str]:
         return f"--iterations: got {args.iterations}, expected at least 3"
     if args.repeat < 1:
         return f"--repeat: got {args.repeat}, expected at least 1"
-    return [Case(s, n, link, straggler) for n in workers for link in links for straggler in stragglers
-            for s in schemes]
+    return [Case(contenders.named(s), n, link, straggler) for n in workers for link in links
+            for straggler in stragglers for s in schemes]
 
 
 def _positive(text: str) -> bool:
@@ -200,7 +205,7 @@ def run_case(case: Case, config: str, iterations: int, overrides: Sequence[str],
     run_dir = os.path.join(out, case.label.replace(" ", "").replace(",", "_").replace("/", "_"))
     common = [f"train.max_iterations={iterations}", "train.epochs=1000", f"train.eval_every={iterations}",
               "output.progress=off"] + case.overrides() + list(overrides)
-    if case.scheme == "ddp":
+    if case.ddp:
         args = ["-m", "psframework.bench.ddp", config, run_dir] + common
     else:
         args = ["-m", "psframework", "train", config, f"name={os.path.basename(run_dir)}", f"output.dir={out}",
@@ -254,9 +259,9 @@ def figures(case: Case, run_dir: str, after: int) -> Dict[str, Any]:
     received = summary.get("server_bytes_received_per_iteration") or 0.0
     parts = {key: sum(r.get(key, 0.0) for r in timed) / len(timed) for key in RANK0_PARTS if key in timed[0]}
     workers = [w["compute_s"] / max(1, summary["iterations"]) for w in (summary.get("workers") or {}).values()]
-    return {"scheme": case.scheme, "n": case.n, "k": case.k, "link_gbps": link_gbps(case.link),
-            "straggler": case.straggler,
-            "ranks": case.ranks, "label": case.label, "iteration_s": sum(r["iteration_s"] for r in timed) / len(timed),
+    return {"scheme": case.contender.name, "coded": case.contender.coded, "n": case.n, "k": case.k,
+            "link_gbps": link_gbps(case.link), "straggler": case.straggler, "ranks": case.ranks,
+            "label": case.label, "iteration_s": sum(r["iteration_s"] for r in timed) / len(timed),
             "timed_iterations": len(timed), "cpu_s_per_iteration": summary["cpu_s_per_iteration"]["total"],
             "cpu_s_per_iteration_rank0": summary["cpu_s_per_iteration"]["server"],
             "rank0_bytes_per_iteration": sent + received, "rank0_parts_s": parts,
@@ -272,24 +277,28 @@ def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return chosen
 
 
-def ratios(cases: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Return, per worker count and link, each scheme's figures over DDP's and relay's over direct's."""
+def ratios(cases: Sequence[Mapping[str, Any]], baseline: str,
+           pairs: Mapping[str, Sequence[str]]) -> List[Dict[str, Any]]:
+    """Return, per worker count and link, each contender's figures over the baseline's and the pairs' ratios."""
     by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
+    others = [name for name in dict.fromkeys(c["scheme"] for c in cases) if name != baseline]
+    base = baseline.replace("-", "_")
     out = []
     for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
         entry: Dict[str, Any] = {"n": n, "link_gbps": link}
-        ddp, ddp_go = by.get(("ddp", n, link, "none")), by.get(("ddp", n, link, "stop-go"))
-        for scheme in SCHEMES[1:]:
-            calm, go = by.get((scheme, n, link, "none")), by.get((scheme, n, link, "stop-go"))
-            key = scheme.replace("-", "_")
-            if calm and ddp:
-                entry[f"{key}_over_ddp_time"] = calm["iteration_s"] / ddp["iteration_s"]
-                entry[f"{key}_over_ddp_cpu"] = calm["cpu_s_per_iteration"] / ddp["cpu_s_per_iteration"]
-            if go and ddp_go:
-                entry[f"ddp_over_{key}_stop_go"] = ddp_go["iteration_s"] / go["iteration_s"]
-        direct, relay = by.get(("sazd", n, link, "none")), by.get(("sazd-relay", n, link, "none"))
-        if direct and relay:
-            entry["relay_over_direct_time"] = relay["iteration_s"] / direct["iteration_s"]
+        ref, ref_go = by.get((baseline, n, link, "none")), by.get((baseline, n, link, "stop-go"))
+        for name in others:
+            calm, go = by.get((name, n, link, "none")), by.get((name, n, link, "stop-go"))
+            key = name.replace("-", "_")
+            if calm and ref:
+                entry[f"{key}_over_{base}_time"] = calm["iteration_s"] / ref["iteration_s"]
+                entry[f"{key}_over_{base}_cpu"] = calm["cpu_s_per_iteration"] / ref["cpu_s_per_iteration"]
+            if go and ref_go:
+                entry[f"{base}_over_{key}_stop_go"] = ref_go["iteration_s"] / go["iteration_s"]
+        for ratio, (top, bottom) in pairs.items():
+            num, den = by.get((top, n, link, "none")), by.get((bottom, n, link, "none"))
+            if num and den:
+                entry[ratio] = num["iteration_s"] / den["iteration_s"]
         out.append(entry)
     return out
 
@@ -298,13 +307,14 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
     """Train every case and return the report, or exit status 2 on bad options or config."""
     from psframework.config import ConfigError
 
-    cases = plan(args)
-    if isinstance(cases, str):
-        return rep.fail(PROG, cases)
     try:
         base = setting(args.config, list(args.overrides))
-    except ConfigError as exc:
+        contenders = load_contenders(args.cases, base["scheme"])
+    except (ConfigError, CaseFileError) as exc:
         return rep.fail(PROG, str(exc))
+    cases = plan(args, contenders)
+    if isinstance(cases, str):
+        return rep.fail(PROG, cases)
     runs: Dict[str, List[Dict[str, Any]]] = {c.label: [] for c in cases}
     with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
         for _ in range(args.repeat):
@@ -318,8 +328,9 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
     return {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
             "inputs": {"config": args.config, "setting": base, "overrides": list(args.overrides),
                        "iterations": args.iterations, "stop_s": args.stop_s, "go_s": args.go_s,
-                       "repeat": args.repeat, "latency_us": LATENCY_US},
-            "cases": results, "ratios": ratios(results)}
+                       "repeat": args.repeat, "latency_us": LATENCY_US, "cases": args.cases,
+                       "baseline": contenders.baseline, "pairs": {k: list(v) for k, v in contenders.pairs.items()}},
+            "cases": results, "ratios": ratios(results, contenders.baseline, contenders.pairs)}
 
 
 def _times(value: Optional[float], base: Optional[float]) -> str:
@@ -327,13 +338,12 @@ def _times(value: Optional[float], base: Optional[float]) -> str:
     return "" if value is None or not base else f" ({value / base:.2f}x)"
 
 
-def _row(scheme: str, calm: Optional[Mapping[str, Any]], go: Optional[Mapping[str, Any]],
+def _row(calm: Optional[Mapping[str, Any]], go: Optional[Mapping[str, Any]],
          ddp: Optional[Mapping[str, Any]], ddp_go: Optional[Mapping[str, Any]]) -> str:
-    """Return one table row: a scheme's figures undisturbed and in stop-go, against DDP's."""
+    """Return one table row: a contender's figures undisturbed and in stop-go, against the baseline's."""
     any_case = calm or go
     assert any_case is not None
-    coded = scheme in ("sazd", "sazd-relay", "uncoded")
-    cells = [scheme, str(any_case["k"]) if coded else ""]
+    cells = [any_case["scheme"], str(any_case["k"]) if any_case.get("coded") else ""]
     if calm:
         cells += [f"{calm['iteration_s'] * 1e3:.1f}{_times(calm['iteration_s'], ddp and ddp['iteration_s'])}",
                   f"{calm['cpu_s_per_iteration'] * 1e3:.1f}"
@@ -342,7 +352,7 @@ def _row(scheme: str, calm: Optional[Mapping[str, Any]], go: Optional[Mapping[st
         cells += ["", ""]
     if go:
         slowdown = f"{go['iteration_s'] / calm['iteration_s']:.2f}x" if calm else ""
-        faster = f"{ddp_go['iteration_s'] / go['iteration_s']:.2f}x" if ddp_go and scheme != "ddp" else ""
+        faster = f"{ddp_go['iteration_s'] / go['iteration_s']:.2f}x" if ddp_go and ddp_go is not go else ""
         cells += [f"{go['iteration_s'] * 1e3:.1f}", slowdown, faster]
     else:
         cells += ["", "", ""]
@@ -353,21 +363,21 @@ def _row(scheme: str, calm: Optional[Mapping[str, Any]], go: Optional[Mapping[st
 
 def tables(report: Mapping[str, Any]) -> List[str]:
     """Return one table per worker count and link."""
-    cases = report["cases"]
+    cases, baseline = report["cases"], report["inputs"]["baseline"]
     by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
     lines: List[str] = []
     for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
-        k = next(c["k"] for c in cases if c["n"] == n and c["scheme"] not in ("uncoded",))
-        lines += [f"### n = {n} workers, {link_words(link)}" + (f" (coded k = {k})" if n else ""), "",
+        k = next((c["k"] for c in cases if c["n"] == n and c.get("coded") and c["k"] < n), None)
+        lines += [f"### n = {n} workers, {link_words(link)}" + (f" (coded k = {k})" if k else ""), "",
                   "| scheme | k | ms / iteration, undisturbed (x DDP) | CPU ms / iteration, all ranks (x DDP) | "
                   "ms / iteration, stop-go | stop-go slowdown | DDP / scheme in stop-go | rank 0 MiB / iteration | "
                   "workers detached |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        ddp, ddp_go = by.get(("ddp", n, link, "none")), by.get(("ddp", n, link, "stop-go"))
-        for scheme in SCHEMES:
-            calm, go = by.get((scheme, n, link, "none")), by.get((scheme, n, link, "stop-go"))
+        ddp, ddp_go = by.get((baseline, n, link, "none")), by.get((baseline, n, link, "stop-go"))
+        for name in dict.fromkeys(c["scheme"] for c in cases):
+            calm, go = by.get((name, n, link, "none")), by.get((name, n, link, "stop-go"))
             if calm or go:
-                lines.append(_row(scheme, calm, go, ddp, ddp_go))
+                lines.append(_row(calm, go, ddp, ddp_go))
         lines.append("")
     return lines
 
