@@ -12,14 +12,15 @@ import shlex
 import pytest
 import yaml
 
-from psframework.bench import cases, codec, comm, runs, scaleout, schemes, stragglers
+from psframework.bench import cases, codec, comm, peers, runs, scaleout, schemes, stragglers
 from psframework.bench import expectations as expect
 from psframework.bench import report as rep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
 REPORTS = {"codec.json": codec.render, "one-thread/codec.json": codec.render, "comm.json": comm.render,
-           "scaleout.json": scaleout.render, "schemes.json": schemes.render, "stragglers.json": stragglers.render}
+           "peers.json": peers.render, "scaleout.json": scaleout.render, "schemes.json": schemes.render,
+           "stragglers.json": stragglers.render}
 
 
 def block(**entries) -> dict:
