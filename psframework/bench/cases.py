@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import yaml
 
@@ -45,6 +45,7 @@ KEYS = {"the case file": {"configs", "cases", "ratios", "text"},
         "ratio": {"name", "numerator", "denominator", "if_emulated", "text"},
         "operand": {"case", "field"}, "text": {"intro", "ratios_title", "closing"}}
 Report = Mapping[str, Any]
+T = TypeVar("T")
 CaseFields = Callable[[Mapping[str, Any], Mapping[str, Any]], Dict[str, Any]]  # (summary, case inputs) -> fields
 
 
@@ -108,13 +109,18 @@ def fields(template: str) -> List[str]:
 
 def load(path: str, configs: Sequence[str] = ()) -> CaseFile:
     """Read and check the case file at `path`; each NAME=PATH of `configs` replaces one of its configs."""
+    return read(path, "case file", lambda data: parse(path, data, configs))
+
+
+def read(path: str, what: str, parse_data: Callable[[Any], T]) -> T:
+    """Read the YAML file at `path` and return parse_data(data); CaseFileError, naming the file, otherwise."""
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh)
     except (OSError, yaml.YAMLError) as exc:
-        raise CaseFileError(f"cannot read case file {path!r}: {exc}") from None
+        raise CaseFileError(f"cannot read {what} {path!r}: {exc}") from None
     try:
-        return parse(path, data, configs)
+        return parse_data(data)
     except CaseFileError as exc:
         raise CaseFileError(f"{path}: {exc}") from None
 
@@ -140,9 +146,14 @@ def parse(path: str, data: Any, replaced: Sequence[str] = ()) -> CaseFile:
 
 def _mapping(value: Any, where: str, kind: Optional[str] = None) -> Dict[str, Any]:
     """Return `value` if it is a mapping with known keys (those of KEYS[kind or where])."""
+    return mapping(value, where, KEYS[kind or where])
+
+
+def mapping(value: Any, where: str, known: Iterable[str]) -> Dict[str, Any]:
+    """Return `value` if it is a mapping whose keys are all `known`; CaseFileError otherwise."""
     if not isinstance(value, dict):
         raise CaseFileError(f"{where}: expected a mapping, got {type(value).__name__}")
-    known = KEYS[kind or where]
+    known = set(known)
     unknown = sorted(str(k) for k in value if k not in known)
     if unknown:
         raise CaseFileError(f"{where}: unknown key {unknown[0]!r} (expected {', '.join(sorted(known))})")

@@ -16,9 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-import yaml
-
-from psframework.bench.cases import CaseFileError
+from psframework.bench.cases import CaseFileError, mapping, read
 
 NAME = re.compile(r"^[A-Za-z][\w-]*$")
 RATIO_NAME = re.compile(r"^[A-Za-z]\w*$")
@@ -53,15 +51,7 @@ class ContenderFile:
 
 def load(path: str, default_scheme: str) -> ContenderFile:
     """Read and check the contender file at `path`; contenders without scheme=NAME train `default_scheme`."""
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError) as exc:
-        raise CaseFileError(f"cannot read contender file {path!r}: {exc}") from None
-    try:
-        return parse(path, data, default_scheme)
-    except CaseFileError as exc:
-        raise CaseFileError(f"{path}: {exc}") from None
+    return read(path, "contender file", lambda data: parse(path, data, default_scheme))
 
 
 def parse(path: str, data: Any, default_scheme: str) -> ContenderFile:
@@ -111,13 +101,7 @@ def _contender(where: str, entry: Any, default_scheme: str) -> Contender:
 
 
 def _mapping(value: Any, where: str, kind: Optional[str] = None) -> Dict[str, Any]:
-    if not isinstance(value, dict):
-        raise CaseFileError(f"{where}: expected a mapping, got {type(value).__name__}")
-    known = KEYS[kind or where]
-    unknown = sorted(str(k) for k in value if k not in known)
-    if unknown:
-        raise CaseFileError(f"{where}: unknown key {unknown[0]!r} (expected {', '.join(sorted(known))})")
-    return value
+    return mapping(value, where, KEYS[kind or where])
 
 
 def _known(value: Any, where: str, names: List[str]) -> str:
