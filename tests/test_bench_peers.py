@@ -125,8 +125,8 @@ def test_ddp_sends_a_ring_allreduce_per_process():
 def test_a_small_head_to_head_trains_every_case_and_stops_a_worker(tmp_path, capsys):
     config = os.path.join(ROOT, "configs", "digits_sazd.yaml")
     code = main(["bench", "peers", "--config", config, "--schemes", "ddp,sazd", "--workers", "2",
-                 "--links", "none", "--stragglers", "none,stop-go", "--iterations", "40", "--out", str(tmp_path),
-                 "--expectations", "none", "data.batch_size=32"])
+                 "--links", "none", "--stragglers", "none,stop-go", "--iterations", "40", "--timeout", "120",
+                 "--out", str(tmp_path), "--expectations", "none", "data.batch_size=32"])
     assert code == 0, capsys.readouterr()
     data = json.loads((tmp_path / "peers.json").read_text())
     got = {(c["scheme"], c["straggler"]): c for c in data["cases"]}
