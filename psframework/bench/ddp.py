@@ -105,22 +105,14 @@ def train(settings: Any, comm: Any, run_dir: str) -> Optional[Dict[str, Any]]:
             log.write(json.dumps(row) + "\n")
             log.flush()
     summary = summarize(rows, comm, settings, model, link)
+    # A process that frees DDP or its process group while a peer has already gone (or is stopped) can
+    # wait in the teardown for ever, and rank 0 hosts the rendezvous store that the others still use:
+    # the processes meet before the teardown and after it.
     comm.Barrier()
-    del ddp  # its reducer goes while every peer is still there
-    close(comm)
-    return summary
-
-
-def close(comm: Any) -> None:
-    """Take the process group down on every process together.
-
-    A process that frees DDP or its process group while a peer has already gone (or is stopped) can
-    wait in the teardown for ever, and rank 0 hosts the rendezvous store that the others still use:
-    the processes meet before the teardown and after it.
-    """
-    comm.Barrier()
+    del ddp
     dist.destroy_process_group()
     comm.Barrier()
+    return summary
 
 
 def summarize(rows: Sequence[Dict[str, Any]], comm: Any, settings: Any, model: torch.nn.Module,

@@ -266,7 +266,7 @@ def figures(case: Case, run_dir: str, after: int) -> Dict[str, Any]:
             "cpu_s_per_iteration_rank0": summary["cpu_s_per_iteration"]["server"],
             "rank0_bytes_per_iteration": sent + received, "rank0_parts_s": parts,
             "worker_compute_s": sum(workers) / len(workers) if workers else None,
-            "detached": len([e for e in summary.get("membership") or []])}
+            "detached": len(summary.get("membership") or [])}
 
 
 def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -277,11 +277,17 @@ def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return chosen
 
 
+def indexed(cases: Sequence[Mapping[str, Any]]) -> Tuple[Dict[tuple, Mapping[str, Any]], List[str]]:
+    """Return the cases by (contender, n, link, straggler), and the contenders in the order they ran."""
+    by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
+    return by, list(dict.fromkeys(c["scheme"] for c in cases))
+
+
 def ratios(cases: Sequence[Mapping[str, Any]], baseline: str,
            pairs: Mapping[str, Sequence[str]]) -> List[Dict[str, Any]]:
     """Return, per worker count and link, each contender's figures over the baseline's and the pairs' ratios."""
-    by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
-    others = [name for name in dict.fromkeys(c["scheme"] for c in cases) if name != baseline]
+    by, names = indexed(cases)
+    others = [name for name in names if name != baseline]
     base = baseline.replace("-", "_")
     out = []
     for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
@@ -364,7 +370,7 @@ def _row(calm: Optional[Mapping[str, Any]], go: Optional[Mapping[str, Any]],
 def tables(report: Mapping[str, Any]) -> List[str]:
     """Return one table per worker count and link."""
     cases, baseline = report["cases"], report["inputs"]["baseline"]
-    by = {(c["scheme"], c["n"], c["link_gbps"], c["straggler"]): c for c in cases}
+    by, names = indexed(cases)
     lines: List[str] = []
     for n, link in dict.fromkeys((c["n"], c["link_gbps"]) for c in cases):
         k = next((c["k"] for c in cases if c["n"] == n and c.get("coded") and c["k"] < n), None)
@@ -374,7 +380,7 @@ def tables(report: Mapping[str, Any]) -> List[str]:
                   "workers detached |",
                   "|---|---|---|---|---|---|---|---|---|"]
         ddp, ddp_go = by.get((baseline, n, link, "none")), by.get((baseline, n, link, "stop-go"))
-        for name in dict.fromkeys(c["scheme"] for c in cases):
+        for name in names:
             calm, go = by.get((name, n, link, "none")), by.get((name, n, link, "stop-go"))
             if calm or go:
                 lines.append(_row(calm, go, ddp, ddp_go))
