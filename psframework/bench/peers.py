@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -203,6 +204,7 @@ def run_case(case: Case, config: str, iterations: int, overrides: Sequence[str],
     from psframework.runtime.stragglers import Freezer, StragglerSpec
 
     run_dir = os.path.join(out, case.label.replace(" ", "").replace(",", "_").replace("/", "_"))
+    shutil.rmtree(run_dir, ignore_errors=True)  # an old run's metrics would start the stop-go before this run does
     common = [f"train.max_iterations={iterations}", "train.epochs=1000", f"train.eval_every={iterations}",
               "output.progress=off"] + case.overrides() + list(overrides)
     if case.ddp:
