@@ -314,3 +314,18 @@ def test_epoch_order_and_sharding_are_deterministic():
     assert shard_bounds(10, 4) == [0, 3, 6, 8, 10]
     with pytest.raises(ValueError, match="worker 4 out of range for n=4"):
         shard(batch, 4, 4)
+
+
+def test_the_digits_read_directly_are_those_of_scikit_learn(monkeypatch):
+    from sklearn.datasets import load_digits
+
+    from psframework.data import registry
+
+    bunch = load_digits()
+    images, labels = registry.read_digits()
+    assert registry.digits_file() is not None  # the direct path is the one taken here
+    assert images.dtype == bunch.images.dtype and np.array_equal(images, bunch.images)
+    assert np.array_equal(labels, bunch.target)
+    monkeypatch.setattr(registry, "digits_file", lambda: None)  # the file moved: scikit-learn reads it
+    again, again_labels = registry.read_digits()
+    assert np.array_equal(again, bunch.images) and np.array_equal(again_labels, bunch.target)

@@ -19,6 +19,17 @@ from .errors import WatchdogTimeout
 from .transport import Backoff, Deadline
 
 
+def wait_quietly(request: Any, max_sleep_s: float) -> None:
+    """Wait for a nonblocking MPI request, sleeping up to `max_sleep_s` between tests.
+
+    A blocking MPI wait spins: where ranks outnumber cores, ranks waiting at start-up for rank 0 would
+    take the CPU from it.
+    """
+    backoff = Backoff(max_sleep_s)
+    while not request.Test():
+        backoff.pause()
+
+
 @dataclass
 class CollectiveStats:
     """Payload bytes this rank put into sums and took out of them, and seconds it waited for them."""

@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 
 from psframework.config import ConfigError
-from psframework.models.placement import Placement
+from psframework.models.placement import Placement, trace_devices
 
 
 @dataclass
@@ -98,11 +98,13 @@ def _module(model: nn.Module, graph: fx.Graph) -> fx.GraphModule:
 
 
 def _feature_shape(trunk: nn.Module, input_shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    """Return the shape of one sample's features, computed on the meta device."""
+    """Return the shape of one sample's features, computed on zeros (on the meta device for large inputs)."""
     from torch.func import functional_call
 
-    tensors = {key: torch.empty_like(t, device="meta") for key, t in
+    device = trace_devices(trunk, input_shape)[0]
+    # torch.zeros, not zeros_like: a like-copy of a meta tensor goes through torch's slow Python kernels.
+    tensors = {key: torch.zeros(t.shape, dtype=t.dtype, device=device) for key, t in
                list(trunk.named_parameters()) + list(trunk.named_buffers())}
     with torch.no_grad():
-        out = functional_call(trunk, tensors, (torch.empty(2, *input_shape, device="meta"),))
+        out = functional_call(trunk, tensors, (torch.zeros(2, *input_shape, device=device),))
     return tuple(out.shape[1:])

@@ -1,9 +1,10 @@
 """Where each part of any model runs: coded convolutions on the workers, the rest on rank 0, the Stanza cut.
 
-Placement is found by running the model twice on torch's meta device (shapes only, no memory, the
-model's own tensors untouched): once to see which leaf modules run in which order, once with every
-codable Conv2d replaced by a remote convolution to see the order in which autograd runs their
-backward passes. Rank 0 and the workers derive the same placement from the same model.
+Placement is found by running the model twice on a batch of two zero inputs, on torch's meta device
+(shapes only, no memory) or, for small inputs, on the CPU, the model's own tensors untouched: once to
+see which leaf modules run in which order, once with every codable Conv2d replaced by a remote
+convolution to see the order in which autograd runs their backward passes.
+Rank 0 and the workers derive the same placement from the same model.
 """
 
 from __future__ import annotations
@@ -234,16 +235,36 @@ def _leaf_calls(model: nn.Module, input_shape: Tuple[int, ...], name: str) -> Tu
     return calls, counts, tuple(out.shape[1:])
 
 
+# A trace on real zeros costs milliseconds for a small model on small inputs (up to a 3x32x32 image and
+# 4 M parameters), less than the second or so torch takes to set up its meta-device kernels in a fresh
+# process; anything larger is traced on the meta device, which allocates and computes nothing.
+SMALL_INPUT = 3 * 32 * 32
+SMALL_MODEL = 4_000_000
+
+
+def trace_devices(model: nn.Module, input_shape: Tuple[int, ...]) -> Tuple[str, str]:
+    """Return the devices to trace `model` on, in order: the CPU first when it is small, else the meta device."""
+    elements = 1
+    for size in input_shape:
+        elements *= size
+    parameters = sum(t.numel() for t in model.parameters()) + sum(t.numel() for t in model.buffers())
+    small = elements <= SMALL_INPUT and parameters <= SMALL_MODEL
+    return ("cpu", "meta") if small else ("meta", "cpu")
+
+
 def _run(model: nn.Module, input_shape: Tuple[int, ...], name: str, context: Any) -> torch.Tensor:
-    """Run forward and backward on a batch of two inputs on the meta device (the CPU where meta cannot)."""
+    """Run forward and backward on a batch of two inputs: on the CPU for small inputs, else on the meta device
+    (each falls back on the other)."""
     from torch.func import functional_call
 
     last: Optional[BaseException] = None
-    for device in ("meta", "cpu"):
-        tensors = {key: torch.zeros_like(t, device=device).requires_grad_(t.requires_grad)
-                   for key, t in model.named_parameters()}
-        tensors.update({key: torch.zeros_like(t, device=device) for key, t in model.named_buffers()})
+    for device in trace_devices(model, input_shape):
         try:
+            # torch.zeros, not zeros_like: a like-copy of a meta tensor goes through torch's slow Python kernels.
+            tensors = {key: torch.zeros(t.shape, dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+                       for key, t in model.named_parameters()}
+            tensors.update({key: torch.zeros(t.shape, dtype=t.dtype, device=device)
+                            for key, t in model.named_buffers()})
             with context():
                 out = functional_call(model, tensors, (torch.zeros(2, *input_shape, device=device),))
                 if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -255,7 +276,7 @@ def _run(model: nn.Module, input_shape: Tuple[int, ...], name: str, context: Any
         except ConfigError:
             raise
         except (NotImplementedError, RuntimeError) as exc:
-            last = exc  # an operation without a meta kernel: try real (zero) tensors
+            last = exc  # an operation without a kernel on this device, or no memory for it: try the other
         except Exception as exc:
             last = exc
             break

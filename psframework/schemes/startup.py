@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
+import numpy as np
+
 from psframework.config import ConfigError
 from psframework.data import DatasetError
 from psframework.rundir import RunDirectory, open_run_directory
@@ -66,11 +68,23 @@ def attempt(action: Callable[[], T]) -> Tuple[Optional[T], Optional[Tuple[int, s
 
 def agree(comm: Any, outcome: Optional[Tuple[int, str]]) -> None:
     """Share every rank's outcome; raise RunEnds on every rank if any rank failed (rank 0's reason first)."""
-    outcomes = [outcome] if comm is None or comm.Get_size() == 1 else comm.allgather(outcome)
+    outcomes = [outcome] if comm is None or comm.Get_size() == 1 else _gather_failures(comm, outcome)
     for rank, found in enumerate(outcomes):
         if found is not None:
             status, message = found
             raise RunEnds(message if rank == 0 else f"rank {rank}: {message}", status)
+
+
+def _gather_failures(comm: Any, outcome: Optional[Tuple[int, str]]) -> List[Optional[Tuple[int, str]]]:
+    """Return every rank's outcome if any rank failed, else []: the common case waits without spinning."""
+    from mpi4py import MPI
+
+    from psframework.comm.collective import wait_quietly
+    from psframework.comm.transport import auto_poll_sleep
+
+    failed, any_failed = np.array([outcome is not None], np.int32), np.zeros(1, np.int32)
+    wait_quietly(comm.Iallreduce(failed, any_failed, op=MPI.MAX), auto_poll_sleep(comm))
+    return comm.allgather(outcome) if any_failed[0] else []
 
 
 def preflight(settings: Settings, rank: int, comm: Any = None) -> Opening:
