@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, lint, then run the whole test suite (unit and MPI tests).
-# Extra arguments go to pytest, e.g. hpc/test.sh -k config
+# Set up the environment if needed, lint, then run the tests.
+#
+#   hpc/test.sh                 the whole suite (what CI runs), then the real-straggler tests once more
+#                               with every pair of ranks on TCP (PSF_TEST_NETWORK=tcp)
+#   hpc/test.sh -m "not slow"   the quick tier (no MPI or Slurm job): run it before every commit
+#   hpc/test.sh -k config       extra arguments go to pytest (and skip the TCP re-run)
 #
 # Environment:
 #   PSF_LINT=0        skip the flake8 check (it runs first and stops the run on any finding)
+#   PSF_TEST_TCP=0    skip the TCP re-run of the whole-suite run
+#   PSF_TEST_NETWORK  tcp: every test job's ranks talk over TCP (tests/mpiutil.py); default: shared memory
 #   MPIEXEC_TIMEOUT   outer bound in seconds for every mpiexec the tests start (default 120)
 #   and the knobs of hpc/env.sh (PSF_VENV, PSF_MPI, PSF_TORCH, ...)
 set -euo pipefail
@@ -15,5 +21,15 @@ if [ "${PSF_LINT:-1}" != 0 ]; then
 fi
 # Outer bound for every mpiexec the tests start; pytest-timeout bounds each test as well.
 export MPIEXEC_TIMEOUT="${MPIEXEC_TIMEOUT:-120}"
+# The tests start hundreds of Python processes: let them reuse the package's compiled bytecode.
+unset PYTHONDONTWRITEBYTECODE
+if [ $# -gt 0 ] || [ "${PSF_TEST_TCP:-1}" = 0 ]; then
+    exec "$PSF_VENV/bin/python" -m pytest --durations=20 "$@"
+fi
 # The slowest tests are listed at the end: the suite's time is watched.
-exec "$PSF_VENV/bin/python" -m pytest --durations=20 "$@"
+"$PSF_VENV/bin/python" -m pytest --durations=20
+echo "hpc/test.sh: the real-straggler tests again, every pair of ranks on TCP"
+PSF_TEST_NETWORK=tcp exec "$PSF_VENV/bin/python" -m pytest -s \
+    "tests/test_stragglers_real.py::test_a_frozen_worker_does_not_hold_training_up[sazd]" \
+    "tests/test_stragglers_real.py::test_a_frozen_worker_does_not_hold_training_up[ps]" \
+    tests/test_comm_mpi.py::test_the_tcp_switch_puts_the_ranks_on_tcp_connections

@@ -16,3 +16,10 @@ if ROOT not in sys.path:
 @pytest.fixture
 def configs_dir() -> str:
     return CONFIGS
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Count every test that starts MPI jobs or Slurm jobs as slow: `-m "not slow"` is the quick tier."""
+    for item in items:
+        if item.get_closest_marker("mpi") or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slow)

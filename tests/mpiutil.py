@@ -6,10 +6,36 @@ import os
 import subprocess
 from typing import Mapping, Optional, Sequence, Union
 
-from psframework.launch import mpi_command
+from psframework.launch import is_open_mpi
+from psframework.launch import mpi_command as launch_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_SCRIPTS = os.path.join(ROOT, "tests", "mpi")
+# PSF_TEST_NETWORK=tcp puts every pair of ranks of every test job on TCP, as between nodes: the
+# transport a cluster's ranks use, where the default lets ranks of one machine share memory.
+NETWORKS = ("shared", "tcp")
+MPICH_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp"}
+OPEN_MPI_TCP = ["--mca", "btl", "tcp,self"]
+
+
+def job_network() -> str:
+    """Return the transport the test jobs use between ranks: PSF_TEST_NETWORK, 'shared' by default."""
+    network = os.environ.get("PSF_TEST_NETWORK", "shared") or "shared"
+    if network not in NETWORKS:
+        raise ValueError(f"PSF_TEST_NETWORK: got {network!r}, expected one of {', '.join(NETWORKS)}")
+    return network
+
+
+def mpi_command(n: int, args: Sequence[str], timeout_s: Optional[float] = None,
+                env: Optional[Mapping[str, str]] = None) -> tuple:
+    """Return (argv, environment) of a test job on n ranks, over TCP where PSF_TEST_NETWORK says so."""
+    argv, full_env = launch_command(n, args, timeout_s=timeout_s, env=env)
+    if job_network() == "tcp":
+        if is_open_mpi(argv[0]):
+            argv[1:1] = OPEN_MPI_TCP
+        else:
+            full_env.update(MPICH_TCP)
+    return argv, full_env
 
 
 def run_mpi(n: int, target: Union[str, Sequence[str]], *args: str, timeout: float = 60.0,

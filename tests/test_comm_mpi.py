@@ -50,3 +50,22 @@ def test_a_rank_that_raises_ends_the_whole_job_non_zero_within_15_s():
 def test_mailbox_takes_everything_in_and_hands_it_out_by_envelope():
     proc = run_mpi(2, "mailbox.py", timeout=60)
     assert proc.returncode == 0 and "OK mailbox" in proc.stdout, describe(proc)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_tcp_switch_puts_the_ranks_on_tcp_connections(monkeypatch):
+    counts = {}
+    for network in ("shared", "tcp"):
+        monkeypatch.setenv("PSF_TEST_NETWORK", network)
+        proc = run_mpi(2, "sockets.py", timeout=60)
+        assert proc.returncode == 0, describe(proc)
+        counts[network] = [int(c) for c in proc.stdout.split("tcp", 1)[1].split()]
+    assert all(c >= 1 for c in counts["tcp"]), counts  # each rank talks to the other over a TCP socket
+    assert sum(counts["tcp"]) > sum(counts["shared"]), counts
+
+
+def test_a_bad_test_network_is_named(monkeypatch):
+    monkeypatch.setenv("PSF_TEST_NETWORK", "infiniband")
+    with pytest.raises(ValueError, match="PSF_TEST_NETWORK: got 'infiniband', expected one of shared, tcp"):
+        run_mpi(2, "sockets.py")

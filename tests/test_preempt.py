@@ -12,9 +12,8 @@ import time
 import pytest
 import torch
 
-from mpiutil import ROOT, describe, run_mpi
+from mpiutil import ROOT, describe, mpi_command, run_mpi
 from psframework.cli import main
-from psframework.launch import mpi_command
 from psframework.runtime.preempt import EXIT_PREEMPTED, after_stop, signal_number, slurm_job_to_requeue
 
 

@@ -16,7 +16,8 @@ import uuid
 
 import pytest
 
-from psframework.launch import is_open_mpi, mpi_command, mpiexec_path
+from mpiutil import mpi_command
+from psframework.launch import is_open_mpi, mpiexec_path
 from test_schemes_coded import COMMON, assert_same_model, losses
 from test_schemes_coded import reference  # noqa: F401 (a fixture: pytest finds it by name)
 
