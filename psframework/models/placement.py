@@ -268,7 +268,9 @@ def _run(model: nn.Module, input_shape: Tuple[int, ...], name: str, context: Any
             with context():
                 out = functional_call(model, tensors, (torch.zeros(2, *input_shape, device=device),))
                 if isinstance(out, torch.Tensor) and out.requires_grad:
-                    out.float().sum().backward()
+                    # With an explicit gradient, as the workers' backward passes go: torch loads what that
+                    # needs (about a second, on first use) here, not in the first iteration.
+                    out.backward(torch.ones_like(out))
             if not isinstance(out, torch.Tensor):
                 raise ConfigError(f"model.name: model {name} returns a {type(out).__name__}, expected a tensor of "
                                   "class scores")
