@@ -50,6 +50,7 @@ class Msg:
     snapshot_reply = partial(Envelope, Kind.CONTROL, layer=7, phase=Phase.OTHER)  # worker -> server: its state
     # server -> worker: the run stops after this iteration (a preemption); a sync and the stop follow
     stop_early = partial(Envelope, Kind.CONTROL, layer=8, phase=Phase.OTHER)
+    started = partial(Envelope, Kind.CONTROL, layer=9, phase=Phase.OTHER)  # worker -> server: ready to train
 
 
 class Detached(Exception):
@@ -300,6 +301,14 @@ class ServerRounds:
         """Tell every worker where the run starts (a collective broadcast)."""
         self.transport.comm.bcast(values, root=0)
 
+    def await_workers(self, start: int) -> None:
+        """Wait until every worker has started (the watchdog names the ones that have not).
+
+        The first iteration begins only then: a worker still setting up would otherwise look silent
+        to the detach rule once the others had run `detach_after` iterations without it.
+        """
+        self.transport.post_gather(self.workers, Msg.started(start), None).wait(self.n)
+
     def begin_iteration(self) -> None:
         """Start timing a new iteration's rounds."""
         stats = self.transport.stats
@@ -475,6 +484,10 @@ class WorkerRounds:
     def announced(self) -> Any:
         """Return what the server announced at the start (a collective broadcast)."""
         return self.transport.comm.bcast(None, root=self.server)
+
+    def started(self, start: int) -> None:
+        """Tell the server that this worker is ready for the iteration after `start`."""
+        self.transport.isend(self.server, np.zeros(1), Msg.started(start))
 
     def take(self, envelope: Envelope) -> Any:
         """Wait for a server message and return its tensor."""
@@ -718,6 +731,11 @@ class ShardedWorkerRounds:
     def announced(self) -> Any:
         """Return what the servers announced at the start (the lead's; every server announces the same)."""
         return [link.announced() for link in self.links][0]
+
+    def started(self, start: int) -> None:
+        """Tell every server that this worker is ready."""
+        for link in self.links:
+            link.started(start)
 
     def take(self, envelope: Envelope) -> List[Any]:
         """Wait for a message from every server; return their tensors in shard order."""

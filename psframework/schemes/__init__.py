@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from psframework.schemes.registry import Scheme, SchemeError, get_scheme, register, scheme_names
 from psframework.settings import Settings
@@ -122,11 +122,11 @@ def _run_worker(settings: Settings, side: Any, node: Any) -> None:
 
     progress = start_progress_thread(node.wants_progress_thread())
     side.link.progress_thread = progress
-    freezer = start_freezer(settings.stragglers, node.roles.world_rank)
+    freezers: List[Any] = []  # the freeze model stalls training, not set-up: it starts once the server knows
     try:
-        run_worker(settings, side)
+        run_worker(settings, side, lambda: freezers.append(start_freezer(settings.stragglers, node.roles.world_rank)))
     finally:
-        if freezer is not None:
+        for freezer in filter(None, freezers):
             freezer.stop()
         if progress is not None:
             progress.close()

@@ -13,7 +13,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -229,6 +229,8 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     if side.link is not None:
         side.link.announce((schedule.start, num_train))
     side.start(schedule)
+    if side.link is not None:
+        side.link.await_workers(schedule.start)
     recorder = RunRecorder(run.run_dir if side.lead else None, settings.config_yaml,
                            schedule.start if opening.in_place else None)
     progress = Progress(schedule.total - schedule.start, run.progress if side.lead else "off")
@@ -367,15 +369,18 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
     return fields
 
 
-def run_worker(settings: Settings, side: WorkerSide) -> None:
+def run_worker(settings: Settings, side: WorkerSide, on_started: Callable[[], Any] = lambda: None) -> None:
     """Follow rank 0's plan as a worker, from the announced start to the stop.
 
-    A worker that rank 0 detached asks to rejoin, takes the fresh state it is sent and skips ahead
-    in the plan to the iteration it was readmitted at.
+    `on_started` runs once the server knows this worker is set up. A worker that rank 0 detached asks
+    to rejoin, takes the fresh state it is sent and skips ahead in the plan to the iteration it was
+    readmitted at.
     """
     start, num_train = side.link.announced()
     schedule = make_schedule(settings, num_train, start)
     side.start(schedule)
+    side.link.started(schedule.start)
+    on_started()
     plan = events(settings, num_train, schedule, side.with_syncs)
     event, resume_at, stop_at = next(plan), 0, schedule.total
     for after in plan:
