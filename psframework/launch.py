@@ -7,8 +7,10 @@ import functools
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework import environment
@@ -196,8 +198,34 @@ def main(argv: Sequence[str]) -> int:
         print("psf: error: no srun on PATH: run inside a Slurm allocation, or use mpiexec", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execv(command[0], command)
-    return 0  # not reached
+    return run_step(command, os.environ)
+
+
+# Signals that srun handles for its tasks: the launcher outlives them to requeue after the step.
+PASSED_ON = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
+def run_step(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run the srun step; requeue the job once it has ended if rank 0 asked to; return srun's status.
+
+    A requeue from inside the step would make Slurm kill the step while its ranks still finish, and
+    the requeued job, whose first step has the same id, could start while the old one is torn down.
+    """
+    from psframework.runtime.preempt import REQUEUE_REQUEST, requeue
+
+    folder = tempfile.mkdtemp(prefix="psf-launch-")
+    request = os.path.join(folder, "requeue")
+    caught = {name: signal.signal(getattr(signal, name), lambda *_: None) for name in PASSED_ON}
+    try:
+        status = subprocess.run(list(command), env={**env, REQUEUE_REQUEST: request}).returncode
+    finally:
+        for name, handler in caught.items():
+            signal.signal(getattr(signal, name), handler)
+    if os.path.exists(request):
+        print(f"psf: every rank has exited: requeueing Slurm job {open(request).read().strip()}", flush=True)
+        print(f"psf: {requeue({k: v for k, v in env.items() if k != REQUEUE_REQUEST})}", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return status if status >= 0 else 128 - status  # srun ended by a signal: as a shell reports it
 
 
 if __name__ == "__main__":

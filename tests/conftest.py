@@ -23,3 +23,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.get_closest_marker("mpi") or item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pools_end_with_their_module():
+    """End the warm MPI jobs of a test file when it is done (they hold a Python and torch per rank)."""
+    yield
+    from mpiutil import close_pools
+
+    close_pools()

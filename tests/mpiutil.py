@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import signal
 import subprocess
-from typing import Mapping, Optional, Sequence, Union
+import tempfile
+import time
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 from psframework.launch import is_open_mpi
 from psframework.launch import mpi_command as launch_command
@@ -57,14 +62,108 @@ def run_mpi(n: int, target: Union[str, Sequence[str]], *args: str, timeout: floa
         command = [script]
     else:
         command = list(target)
+    argv, full_env = mpi_command(n, command + list(args), timeout_s=timeout, env=_job_extra(env))
+    return subprocess.run(argv, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout + 15)
+
+
+def _job_extra(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """Return the environment a test job adds: the repository on the path, one thread per rank, `env`."""
     extra = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # many ranks share few cores in tests
     extra.update(env or {})
-    argv, full_env = mpi_command(n, command + list(args), timeout_s=timeout, env=extra)
-    return subprocess.run(argv, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout + 15)
+    return extra
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
     """Return a failed run's exit status and output, for assertion messages."""
     return (f"exit status {proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n"
             f"--- stderr ---\n{proc.stderr[-6000:]}")
+
+
+POOL_SCRIPT = os.path.join(MPI_SCRIPTS, "pool.py")
+POOL_LIFETIME_S = 4 * 3600  # MPIEXEC_TIMEOUT of a pool job: it ends with the test session anyway
+
+
+class Pool:
+    """One MPI job that runs `psf` command lines one after another (tests/mpi/pool.py).
+
+    A run in a pool skips the start-up of a job (Python, torch and MPI in every rank: several
+    seconds on a loaded machine); it runs the same code on the same number of ranks.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.dir = tempfile.mkdtemp(prefix=f"psf-pool{n}-")
+        self.count = 0
+        argv, env = mpi_command(n, [POOL_SCRIPT], timeout_s=POOL_LIFETIME_S, env=_job_extra(None))
+        self.log = open(os.path.join(self.dir, "job.log"), "w+")
+        self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=self.log,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def alive(self) -> bool:
+        """Return whether the pool job still runs."""
+        return self.process.poll() is None
+
+    def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run `psf ARGV` in the pool; return it as a completed process (output in rank order)."""
+        self.count += 1
+        out = os.path.join(self.dir, f"run{self.count}")
+        self.process.stdin.write(json.dumps({"argv": list(argv), "out": out}) + "\n")
+        self.process.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(out + ".status"):
+            if not self.alive() or time.monotonic() > deadline:
+                return self._failed(argv, out, timeout)
+            time.sleep(0.02)
+        status, more = map(int, open(out + ".status").read().split())
+        if not more:  # the run finalized MPI: the job ends
+            self.close()
+        return subprocess.CompletedProcess(["psf", *argv], status, *self._output(out))
+
+    def _output(self, out: str) -> tuple:
+        """Return (stdout, stderr) of a run: every rank's, in rank order."""
+        def read(rank: int, kind: str) -> str:
+            path = f"{out}.{rank}.{kind}"
+            return open(path).read() if os.path.exists(path) else ""
+        return tuple("".join(read(r, kind) for r in range(self.n)) for kind in ("out", "err"))
+
+    def _failed(self, argv: Sequence[str], out: str, timeout: float) -> subprocess.CompletedProcess:
+        """End the pool job (hung, or ended by an exception on a rank); return the run as failed."""
+        hung = self.alive()
+        self.close(0)
+        self.log.seek(0)
+        stdout, stderr = self._output(out)
+        why = f"pool: the run did not end within {timeout:.0f} s\n" if hung else ""
+        return subprocess.CompletedProcess(["psf", *argv], 124 if hung else self.process.returncode or 1,
+                                           stdout, stderr + why + self.log.read()[-6000:])
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """End the pool job: the end of its input stops it; a kill after grace_s seconds."""
+        try:
+            self.process.stdin.close()
+            self.process.wait(grace_s)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+_POOLS: Dict[int, Pool] = {}
+
+
+def run_psf(n: int, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run `psf ARGV` on n ranks in a warm pool job (one per n, started on first use, ended at exit).
+
+    For runs that end well or with an error line: a run that takes the job down (an exception on one
+    rank, a watchdog's abort) is reported as failed and the next run starts a new pool.
+    """
+    pool = _POOLS.get(n)
+    if pool is None or not pool.alive():
+        pool = _POOLS[n] = Pool(n)
+    return pool.run(argv, timeout)
+
+
+@atexit.register
+def close_pools() -> None:
+    """End every pool job."""
+    while _POOLS:
+        _POOLS.popitem()[1].close()

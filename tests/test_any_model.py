@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from mpiutil import describe, run_mpi
+from mpiutil import describe, run_mpi, run_psf
 from psframework.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +35,7 @@ def run(tmp_path, config, ranks, overrides, name="run"):
     if ranks == 1:
         assert main(args) == 0
     else:
-        proc = run_mpi(ranks, ["-m", "psframework", *args], timeout=300)
+        proc = run_psf(ranks, args, timeout=300)
         assert proc.returncode == 0, describe(proc)
     return tmp_path / name
 

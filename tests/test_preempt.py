@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from mpiutil import ROOT, describe, mpi_command, run_mpi
+from mpiutil import ROOT, describe, mpi_command, run_psf
 from psframework.cli import main
 from psframework.runtime.preempt import EXIT_PREEMPTED, after_stop, signal_number, slurm_job_to_requeue
 
@@ -68,7 +68,7 @@ def interrupt(ranks: int, args: list, partial, after_rows: int, sig: int = signa
 def test_a_signalled_run_stops_at_one_iteration_and_resumes_to_the_uninterrupted_result(tmp_path, config, exact):
     args = [os.path.join("configs", config), "train.epochs=3", f"output.dir={tmp_path}", "output.progress=off",
             "code.subsets=rotate" if not exact else "train.eval_every=7"]
-    whole = run_mpi(5, ["-m", "psframework", "train", *args, "name=whole"], timeout=200)
+    whole = run_psf(5, ["train", *args, "name=whole"], timeout=200)
     assert whole.returncode == 0, describe(whole)
     status, err = interrupt(5, args + ["name=cut"], tmp_path / "cut" / "metrics.jsonl.partial", 15)
     assert status == EXIT_PREEMPTED, err
@@ -78,7 +78,7 @@ def test_a_signalled_run_stops_at_one_iteration_and_resumes_to_the_uninterrupted
     kept = (tmp_path / "cut" / "metrics.jsonl.partial").read_text().splitlines()
     assert [json.loads(r)["iteration"] for r in kept] == list(range(1, stopped + 1))
     assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["iteration"] == stopped
-    again = run_mpi(5, ["-m", "psframework", "train", *args, "name=cut", "train.resume=auto"], timeout=200)
+    again = run_psf(5, ["train", *args, "name=cut", "train.resume=auto"], timeout=200)
     assert again.returncode == 0, describe(again)
     got, want = rows(tmp_path / "cut"), rows(tmp_path / "whole")
     assert [r["iteration"] for r in got] == list(range(1, 133))

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from mpiutil import describe, run_mpi
+from mpiutil import describe, run_mpi, run_psf
 from psframework.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +27,8 @@ def reference(tmp_path_factory):
 
 
 def train(tmp_path, ranks, *overrides, timeout=240):
-    proc = run_mpi(ranks, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}"]
-                   + COMMON + list(overrides), timeout=timeout)
+    proc = run_psf(ranks, ["train", CONFIG, "name=run", f"output.dir={tmp_path}", *COMMON, *overrides],
+                   timeout=timeout)
     assert proc.returncode == 0, describe(proc)
     return tmp_path / "run"
 

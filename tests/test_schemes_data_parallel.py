@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mpiutil import describe, run_mpi
+from mpiutil import describe, run_mpi, run_psf
 from psframework.cli import main
 from test_schemes_coded import assert_same_model, losses, model_state
 
@@ -34,8 +34,8 @@ def references(tmp_path_factory):
 
 
 def train(tmp_path, *overrides, ranks=5, timeout=200):
-    proc = run_mpi(ranks, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}"]
-                   + COMMON + list(overrides), timeout=timeout)
+    proc = run_psf(ranks, ["train", CONFIG, "name=run", f"output.dir={tmp_path}", *COMMON, *overrides],
+                   timeout=timeout)
     assert proc.returncode == 0, describe(proc)
     return tmp_path / "run"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpiutil import describe, run_mpi
+from mpiutil import describe, run_mpi, run_psf
 from test_preempt import interrupt
 from psframework.cli import main
 from psframework.comm.collective import CollectiveStats
@@ -189,7 +189,7 @@ def assert_matches(run_dir, reference_dir, rel=1e-4):
 ], ids=["sazd-relay", "poly", "uncoded", "sazd-naive"])
 def test_coded_groups_match_the_reference_and_their_byte_counts(tmp_path, reference, overrides):
     args = [*COMMON, *GROUPS, *overrides]
-    proc = run_mpi(8, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
+    proc = run_psf(8, ["train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
     assert proc.returncode == 0, describe(proc)
     assert_matches(tmp_path / "run", reference)
     summary = read_run(tmp_path / "run")[2]
@@ -219,7 +219,7 @@ def plain_reference(tmp_path_factory):
 @pytest.mark.parametrize("scheme", ["ps", "stanza"])
 def test_data_parallel_servers_match_the_reference_and_their_byte_counts(tmp_path, plain_reference, scheme):
     args = [*COMMON, "model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", f"scheme={scheme}"]
-    proc = run_mpi(6, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
+    proc = run_psf(6, ["train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=300)
     assert proc.returncode == 0, describe(proc)
     assert_matches(tmp_path / "run", plain_reference)
     summary = read_run(tmp_path / "run")[2]
@@ -241,7 +241,7 @@ def test_sharded_servers_go_on_with_the_first_workers_of_each_shard(tmp_path):
     args = [*COMMON, "model.batch_norm=false", "train.servers=2", "code.n=2", "code.k=2", "scheme=ps",
             "train.backup_workers=1",
             "train.max_iterations=10"]
-    proc = run_mpi(6, ["-m", "psframework", "train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=200)
+    proc = run_psf(6, ["train", CONFIG, "name=run", f"output.dir={tmp_path}", *args], timeout=200)
     assert proc.returncode == 0, describe(proc)
     _, rows, summary = read_run(tmp_path / "run")
     assert summary["backup_workers"] == 1 and len(rows) == 10
@@ -276,7 +276,7 @@ def test_a_preempted_run_of_several_servers_resumes_to_the_reference(tmp_path, r
     assert status == 75, err
     stopped = int([x for x in err.splitlines() if x.startswith("psf:")][0].split("after iteration ")[1].split()[0])
     assert 8 <= stopped < 30
-    proc = run_mpi(ranks, ["-m", "psframework", "train", *args, "train.resume=auto"], timeout=300)
+    proc = run_psf(ranks, ["train", *args, "train.resume=auto"], timeout=300)
     assert proc.returncode == 0, describe(proc)
     assert_matches(tmp_path / "cut", request.getfixturevalue(reference_name))
 

@@ -307,7 +307,11 @@ class ServerRounds:
         The first iteration begins only then: a worker still setting up would otherwise look silent
         to the detach rule once the others had run `detach_after` iterations without it.
         """
-        self.transport.post_gather(self.workers, Msg.started(start), None).wait(self.n)
+        try:
+            self.transport.post_gather(self.workers, Msg.started(start), None).wait(self.n)
+        except WatchdogTimeout as exc:
+            raise WatchdogTimeout(exc.ranks, "their set-up before the first iteration", exc.timeout_s, exc.arrived,
+                                  exc.needed) from None
 
     def begin_iteration(self) -> None:
         """Start timing a new iteration's rounds."""

@@ -16,7 +16,11 @@ import subprocess
 import threading
 from typing import Dict, List, Mapping, Optional
 
+from psframework.fileio import atomic_write_text
+
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early with a checkpoint and can go on
+# Where psframework.launch wants rank 0's requeue request (a file path, in the environment of the step).
+REQUEUE_REQUEST = "PSF_REQUEUE_REQUEST"
 UNCATCHABLE = ("KILL", "STOP")
 
 
@@ -114,12 +118,21 @@ def after_stop(caught: str, preempt_signal: str, env: Mapping[str, str]) -> str:
 
 
 def requeue(env: Mapping[str, str]) -> str:
-    """Ask Slurm to requeue this job (it runs again and resumes); return what happened, in words."""
+    """Ask Slurm to requeue this job (it runs again and resumes); return what happened, in words.
+
+    Under psframework.launch (REQUEUE_REQUEST set, on the node the launcher runs on) the request is
+    left for the launcher, which requeues the job once srun has returned: a requeue from inside the
+    job step makes Slurm kill the step while its ranks still finish.
+    """
     job = slurm_job_to_requeue(env)
     if job is None:
         return "not a Slurm job: run it again with train.resume=auto to go on"
     if env.get("PSF_REQUEUE", "1") == "0":
         return f"PSF_REQUEUE=0: job {job} is not requeued; submit it again with train.resume=auto to go on"
+    request = env.get(REQUEUE_REQUEST)
+    if request and os.path.isdir(os.path.dirname(request)):
+        atomic_write_text(request, job)
+        return f"Slurm job {job} is requeued once every rank has exited (by psframework.launch)"
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return f"no scontrol on PATH: job {job} is not requeued; submit it again with train.resume=auto to go on"
