@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -116,9 +117,10 @@ class Pool:
                 return self._failed(argv, out, timeout)
             time.sleep(0.02)
         status, more = map(int, open(out + ".status").read().split())
+        done = subprocess.CompletedProcess(["psf", *argv], status, *self._output(out))
         if not more:  # the run finalized MPI: the job ends
-            self.close()
-        return subprocess.CompletedProcess(["psf", *argv], status, *self._output(out))
+            self.end()
+        return done
 
     def _output(self, out: str) -> tuple:
         """Return (stdout, stderr) of a run: every rank's, in rank order."""
@@ -134,8 +136,16 @@ class Pool:
         self.log.seek(0)
         stdout, stderr = self._output(out)
         why = f"pool: the run did not end within {timeout:.0f} s\n" if hung else ""
-        return subprocess.CompletedProcess(["psf", *argv], 124 if hung else self.process.returncode or 1,
+        done = subprocess.CompletedProcess(["psf", *argv], 124 if hung else self.process.returncode or 1,
                                            stdout, stderr + why + self.log.read()[-6000:])
+        self.end()
+        return done
+
+    def end(self) -> None:
+        """End the pool job and remove its files."""
+        self.close()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def close(self, grace_s: float = 10.0) -> None:
         """End the pool job: the end of its input stops it; a kill after grace_s seconds."""
@@ -166,4 +176,4 @@ def run_psf(n: int, argv: Sequence[str], timeout: float = 60.0) -> subprocess.Co
 def close_pools() -> None:
     """End every pool job."""
     while _POOLS:
-        _POOLS.popitem()[1].close()
+        _POOLS.popitem()[1].end()
