@@ -55,6 +55,9 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
+# Slurm starts a requeued job at a periodic pass of its main scheduler (sched_interval, 60 s by
+# default) or of backfill (bf_interval, 30 s), not when the job becomes eligible: pass often here.
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

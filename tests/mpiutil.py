@@ -105,11 +105,15 @@ class Pool:
         """Return whether the pool job still runs."""
         return self.process.poll() is None
 
-    def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
-        """Run `psf ARGV` in the pool; return it as a completed process (output in rank order)."""
+    def run(self, argv: Sequence[str], timeout: float, keep_mpi: bool = False) -> subprocess.CompletedProcess:
+        """Run `psf ARGV` in the pool; return it as a completed process (output in rank order).
+
+        keep_mpi: a run that ends with an error line leaves MPI initialized, so the pool goes on.
+        """
         self.count += 1
         out = os.path.join(self.dir, f"run{self.count}")
-        self.process.stdin.write(json.dumps({"argv": list(argv), "out": out}) + "\n")
+        request = {"argv": list(argv), "out": out, "keep_mpi": keep_mpi}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         deadline = time.monotonic() + timeout
         while not os.path.exists(out + ".status"):
@@ -160,7 +164,7 @@ class Pool:
 _POOLS: Dict[int, Pool] = {}
 
 
-def run_psf(n: int, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+def run_psf(n: int, argv: Sequence[str], timeout: float = 60.0, keep_mpi: bool = False) -> subprocess.CompletedProcess:
     """Run `psf ARGV` on n ranks in a warm pool job (one per n, started on first use, ended at exit).
 
     For runs that end well or with an error line: a run that takes the job down (an exception on one
@@ -169,7 +173,7 @@ def run_psf(n: int, argv: Sequence[str], timeout: float = 60.0) -> subprocess.Co
     pool = _POOLS.get(n)
     if pool is None or not pool.alive():
         pool = _POOLS[n] = Pool(n)
-    return pool.run(argv, timeout)
+    return pool.run(argv, timeout, keep_mpi)
 
 
 @atexit.register

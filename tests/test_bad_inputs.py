@@ -1,8 +1,11 @@
 """Every bad input: exit status 2, exactly one line on standard error, no traceback, no file left behind.
 
 One table of config keys, files, checkpoints, run directories and command lines. Each row runs the
-`psf` command line in this process; the rows marked MPI run under mpiexec on five ranks as well,
-where the line must still come once (from rank 0) and the job must exit 2.
+`psf` command line in this process; the rows marked MPI run on five MPI ranks as well, where the
+line must still come once (from rank 0) and the job's status must be 2. They run one after another
+in a warm pool job that stays up after each error (tests/mpi/pool.py); the rows of FRESH_JOBS, one
+per way a run ends with its error (a config error before training, an error agreed inside it), run
+as jobs of their own, where MPI is finalized and mpiexec itself must exit 2 with nothing but the line.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpiutil import describe, run_mpi
+from mpiutil import describe, run_mpi, run_psf
 from psframework.cli import main
 from psframework.rundir import LOCK_NAME
 from test_data import idx_bytes, write_batch, write_cifar, write_mnist
@@ -353,8 +356,8 @@ class Files:
     def sazd_ckpt(self):
         """Train sazd for 3 iterations under mpiexec; return its checkpoint."""
         out = self.tmp_dir / "sazd-runs"
-        proc = run_mpi(5, ["-m", "psframework", "train", self.sazd(), f"output.dir={out}", "name=coded",
-                           "train.max_iterations=3", "output.progress=off"], timeout=120)
+        proc = run_psf(5, ["train", self.sazd(), f"output.dir={out}", "name=coded", "train.max_iterations=3",
+                           "output.progress=off"], timeout=120)
         assert proc.returncode == 0, describe(proc)
         return out / "coded" / "checkpoint.pt"
 
@@ -442,11 +445,19 @@ def test_a_bad_input_gives_one_line_and_status_2(name, tmp_path, reference_check
     assert not (tmp_path / "ran").exists(), "a checkpoint ran code"
 
 
+# Run as jobs of their own: one row per way a run ends with its error line (a config error before
+# training, an error agreed inside it); the rest share one pool job.
+FRESH_JOBS = {"mpi lr", "mpi memory"}
+
+
 @pytest.mark.parametrize("name", sorted(n for n, row in ROWS.items() if row.mpi))
-def test_a_bad_input_under_mpiexec_gives_one_line_and_status_2(name, tmp_path, reference_checkpoint):
+def test_a_bad_input_under_mpi_gives_one_line_and_status_2(name, tmp_path, reference_checkpoint):
     row = ROWS[name]
     files, argv, phrase, before = setup_row(tmp_path, reference_checkpoint, row)
-    proc = run_mpi(5, ["-m", "psframework", *argv], timeout=120)
-    check_one_line(proc.returncode, proc.stderr, phrase, f"under mpiexec\n{describe(proc)}")
+    if name in FRESH_JOBS:
+        proc, where = run_mpi(5, ["-m", "psframework", *argv], timeout=120), "under mpiexec"
+    else:
+        proc, where = run_psf(5, argv, timeout=120, keep_mpi=True), "in a pool job"
+    check_one_line(proc.returncode, proc.stderr, phrase, f"{where}\n{describe(proc)}")
     assert snapshot(tmp_path / "out") == before, "the run left files behind or changed some"
     assert not (tmp_path / "ran").exists(), "a checkpoint ran code"

@@ -94,6 +94,22 @@ def test_a_signalled_run_stops_at_one_iteration_and_resumes_to_the_uninterrupted
             assert float((final[k].float() - reference[k].float()).abs().max() / scale) <= 1e-4, k
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_signalled_stanza_run_with_a_backup_worker_stops_at_one_iteration(tmp_path):
+    # Rank 0 goes on without the slowest worker: in the stopping iteration that worker waits for a
+    # message that never comes (Stanza: the features' gradient or the next iteration's parameters),
+    # so the stop itself must end its wait; before that, its watchdog aborted the job. (ps: the
+    # real-straggler tests stop their runs the same way.)
+    args = [os.path.join("configs", "digits_stanza.yaml"), "train.backup_workers=1", "train.epochs=100",
+            f"output.dir={tmp_path}", "output.progress=off", "comm.timeout_s=4", "name=cut"]
+    status, err = interrupt(5, args, tmp_path / "cut" / "metrics.jsonl.partial", 100, signal.SIGTERM)
+    assert status == EXIT_PREEMPTED and "watchdog" not in err, err
+    line, = [x for x in err.splitlines() if x.startswith("psf:")]
+    stopped = int(line.split("after iteration ")[1].split()[0])
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["iteration"] == stopped
+
+
 @pytest.mark.timeout(300)
 def test_a_single_process_run_stops_on_sigterm_and_resume_auto_goes_on(tmp_path):
     args = [os.path.join("configs", "digits_reference.yaml"), "train.epochs=2", f"output.dir={tmp_path}",

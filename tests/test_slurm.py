@@ -54,9 +54,9 @@ def count_lines(path) -> int:
 @pytest.mark.timeout(900)
 def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uninterrupted_run(tmp_path):
     """Five preemptions in a row: each one checkpoints, the job is requeued once its step has ended,
-    and every requeued run trains again (within 90 s here: Slurm lets a requeued job start after its
-    credential lifetime, 10 s in hpc/slurm-up.sh, at its next scheduling pass, every 30 s; the test prints
-    the times); the result is bit for bit the uninterrupted run's."""
+    and every requeued run trains again within 60 s of its requeue (Slurm lets a requeued job start
+    after its credential lifetime, at its next scheduling pass: 10 s and every 2 s in hpc/slurm-up.sh;
+    the test prints the times); the result is bit for bit the uninterrupted run's."""
     args = ["configs/digits_ps.yaml", "train.epochs=4", "output.progress=lines"]
     whole = run_psf(5, ["train", *args, f"output.dir={tmp_path}", "name=whole"], timeout=200)
     assert whole.returncode == 0, describe(whole)
@@ -64,14 +64,18 @@ def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uni
                  job_environment())
     partial, out = tmp_path / "cut" / "metrics.jsonl.partial", tmp_path / f"psf-{job}.out"
     trained, restarts = 0, []
-    for cut in range(REQUEUES):
+    for cut in range(REQUEUES + 1):
         requeued = time.monotonic()
-        deadline = requeued + (200 if cut == 0 else 90)
+        deadline = requeued + (200 if cut == 0 else 60)
         while count_lines(partial) < trained + 10:  # the run has started and trains
+            if cut == REQUEUES and (tmp_path / "cut" / "metrics.jsonl").exists():
+                break  # the last run finished its few iterations between two looks
             assert time.monotonic() < deadline, f"run {cut + 1} did not train within {deadline - requeued:.0f} s: " \
                                                 f"{out.read_text() if out.exists() else ''}"
             time.sleep(0.05)
         restarts.append(time.monotonic() - requeued)
+        if cut == REQUEUES:
+            break
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
         while out.read_text().count("psf: requeued Slurm job") < cut + 1:
             assert time.monotonic() < deadline + 120, f"no requeue after preemption {cut + 1}: {out.read_text()}"

@@ -549,8 +549,20 @@ class WorkerRounds:
                        unsent[1])
 
     def first_of(self, envelopes: Sequence[Envelope]) -> int:
-        """Wait until one of the messages has arrived; return its position (not taking it)."""
-        return self.inbox.wait_any(envelopes, self.timeout_s, partial(self.serve, envelopes[0].iteration))
+        """Wait until one of the messages has arrived; return its position (not taking it).
+
+        Raises StopEarly if none has come and the run stopped before the latest of their iterations: a
+        worker the server went on without in the stopping iteration gets neither message.
+        """
+        latest = max(envelope.iteration for envelope in envelopes)
+
+        def interrupt() -> None:
+            self.serve(envelopes[0].iteration)
+            stops = self.inbox.iterations(Msg.stop_early(0))
+            if stops and stops[0] < latest and not any(self.inbox.holds(e) for e in envelopes):
+                raise StopEarly(stops[0])
+
+        return self.inbox.wait_any(envelopes, self.timeout_s, interrupt)
 
     def serve(self, iteration: int) -> None:
         """Raise Detached if the server left this worker out, StopEarly if the run stopped before `iteration`;

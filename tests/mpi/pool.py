@@ -1,10 +1,11 @@
 """Run `psf` command lines one after another in one MPI job: the tests' warm start (mpiutil.run_psf).
 
-Rank 0 reads one JSON request per line from its standard input, {"argv": [...], "out": PREFIX};
-every rank runs psframework's command line on argv with its output in PREFIX.RANK.out and
+Rank 0 reads one JSON request per line from its standard input, {"argv": [...], "out": PREFIX,
+"keep_mpi": BOOL}; every rank runs psframework's command line on argv with its output in PREFIX.RANK.out and
 PREFIX.RANK.err, then rank 0 writes "STATUS MORE" to PREFIX.status: the exit status (the first
 non-zero one by rank) and whether the job takes another request (1) or ends (0). The end of the
-input ends the job; so does a run that finalized MPI (one that ended with an error does). Ranks
+input ends the job; so does a run that finalized MPI (one that ended with an error does, unless the
+request says keep_mpi: the run then returns its status and leaves MPI to the next one). Ranks
 wait for a request without spinning: idle pools take no CPU from the tests that run meanwhile.
 """
 
@@ -19,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
-from psframework.cli import main
+from psframework import cli
 from psframework.comm.collective import wait_quietly
 
 POLL_S = 0.05  # the longest sleep between tests of a request still in flight
@@ -43,12 +44,26 @@ def read_request() -> Optional[dict]:
     return json.loads(line) if line.strip() else None
 
 
-def run(argv: Any, out: str) -> int:
+@contextlib.contextmanager
+def mpi_kept(keep: bool):
+    """Within the block, a run that ends with an error returns its status without finalizing MPI (if keep)."""
+    if not keep:
+        yield
+        return
+    end_cleanly = cli._end_cleanly
+    cli._end_cleanly = lambda comm, status: status
+    try:
+        yield
+    finally:
+        cli._end_cleanly = end_cleanly
+
+
+def run(argv: Any, out: str, keep_mpi: bool) -> int:
     """Run one command line with this rank's output in files; return its exit status."""
     with open(f"{out}.{RANK}.out", "w") as stdout, open(f"{out}.{RANK}.err", "w") as stderr, \
-            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), mpi_kept(keep_mpi):
         try:
-            return int(main(argv) or 0)
+            return int(cli.main(argv) or 0)
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
 
@@ -59,7 +74,7 @@ def serve() -> None:
         request = share(read_request() if RANK == 0 else None)
         if request is None:
             return
-        status = run(request["argv"], request["out"])
+        status = run(request["argv"], request["out"], request.get("keep_mpi", False))
         if MPI.Is_finalized():  # every rank agreed to stop with this status: rank 0 speaks for them
             if RANK == 0:
                 write_status(request["out"], status, more=False)
