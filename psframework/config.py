@@ -13,16 +13,14 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from psframework.errors import ConfigError
+
 FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 LINEAR_OPTIMIZERS = ("sgd",)
 
 
 SEED_MAX = 2**32 - 1
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
 
 
 # ---------------------------------------------------------------- YAML

@@ -6,7 +6,7 @@ import importlib
 import inspect
 from typing import Any, Callable, Mapping
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 
 
 def is_import_path(text: str) -> bool:

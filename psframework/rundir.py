@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 
 LOCK_NAME = ".psf-lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.partial", "summary.json", "checkpoint.pt")

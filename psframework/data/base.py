@@ -10,10 +10,6 @@ import torch
 import torch.nn.functional as F
 
 
-class DatasetError(ValueError):
-    """A dataset file is missing, truncated or not in the expected format."""
-
-
 @runtime_checkable
 class Split(Protocol):
     """What a training scheme reads from a train or test split, in memory or streamed."""

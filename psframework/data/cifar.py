@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from psframework.data.base import DatasetError
+from psframework.errors import DatasetError
 
 TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_BATCH = "test_batch"

@@ -9,9 +9,9 @@ from typing import Any, ContextManager, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from psframework.config import ConfigError
-from psframework.data.base import Dataset, DatasetError, TensorPair, resize
+from psframework.data.base import Dataset, TensorPair, resize
 from psframework.data.stream import Samples, StreamedSplit, check_labels, label_array
+from psframework.errors import ConfigError, DatasetError
 from psframework.imports import call_factory, load_factory
 
 KEY = "data.dataset"

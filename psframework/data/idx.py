@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from psframework.data.base import DatasetError
+from psframework.errors import DatasetError
 from psframework.data.stream import label_values_problem
 
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),

@@ -9,11 +9,12 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from psframework.data.base import Dataset, DatasetError, resize, standardize, to_tensor_pair
+from psframework.data.base import Dataset, resize, standardize, to_tensor_pair
 from psframework.data.cifar import load_cifar10
 from psframework.data.custom import custom_image_shape, custom_shape, load_custom
 from psframework.data.idx import load_mnist_like
 from psframework.data.synthetic import make_synthetic
+from psframework.errors import DatasetError
 from psframework.imports import is_import_path
 
 DIGITS_TEST_FRACTION = 0.2

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from psframework.data.base import DatasetError
+from psframework.errors import DatasetError
 
 # How many announced index arrays fetch looks through for a request that skipped some (a worker that
 # sat out an iteration asks for a later batch of its plan).

@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import fx, nn
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.models.placement import Placement, trace_devices
 
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Protocol, Seq
 import torch
 from torch import nn
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 
 Pair = Tuple[int, int]
 

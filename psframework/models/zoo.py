@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from torch import nn
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.models.resnet import CifarResNet
 from psframework.models.split import ConvSpec, SplitCNN
 
