@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from psframework.schemes.registry import Scheme, SchemeError, get_scheme, register, scheme_names
 from psframework.settings import Settings
+
+if TYPE_CHECKING:  # the groups need torch: the command line starts without it
+    from psframework.schemes.groups import Group
 
 
 def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
@@ -34,6 +37,8 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     """Build this rank's side, agree that every rank could, and run it."""
     from psframework.schemes.startup import agree, attempt
 
+    from psframework.schemes.groups import ServerGroup, SoleServer
+
     scheme = get_scheme(settings.run.scheme)
     if not scheme.mpi:
         from psframework.runtime.binding import select_device
@@ -41,7 +46,7 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
         note = select_device(settings.device)[1]
         if note:
             print(note, flush=True)
-        side, outcome = attempt(lambda: _server_side(settings, scheme, opening))
+        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, None, SoleServer()))
         _agree_or_close(None, outcome, opening)
         from psframework.schemes.driver import run_server
 
@@ -56,18 +61,16 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     if node.device_note and node.roles.is_lead:
         print(node.device_note, flush=True)
     if node.roles.is_server:
-        from psframework.schemes.groups import ServerGroup
-
         roles, transport = node.shards[0] if sharded else (node.roles, node.transport)
         link = ServerRounds(transport, roles.workers, roles, node.emulation,
                             detach_after=_detach_after(settings), lost=LOSS)
-        group = ServerGroup(node.across, node.roles.group, groups) if groups > 1 else None
+        group = ServerGroup(node.across, node.roles.group, groups) if groups > 1 else SoleServer()
         side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link, group))
         _agree_or_close(comm, outcome, opening)
         from psframework.schemes.driver import run_server
 
         return run_server(settings, side, opening, node.roles.world.Get_size())
-    worker = scheme.load(scheme.worker)
+    worker = scheme.load(scheme.sides(groups)[1])
     link = WorkerRounds(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
     if sharded:
         from psframework.comm.rounds import ShardedWorkerRounds
@@ -79,13 +82,13 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     return None
 
 
-def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any = None, group: Any = None) -> Any:
+def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any, group: "Group") -> Any:
     """Build a server's side with its problem and restore the checkpoint it resumes from (the lead's)."""
     from psframework.schemes.common import build_problem
     from psframework.schemes.driver import Problem, resume
 
-    side = scheme.load(scheme.server)(settings, Problem(*build_problem(settings)), link)
-    side.group = group
+    server = scheme.load(scheme.sides(group.count)[0])
+    side = server(settings, Problem(*build_problem(settings)), link, group)
     resume(side, opening.checkpoint)
     return side
 

@@ -26,7 +26,7 @@ from psframework.schemes.coded_parts import (BACKWARD, FORWARD, Dissemination, a
                                              conv_state_shapes, conv_state_tensors, flatten, rel_diff, unflatten,
                                              worker_state_shapes)
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of
-from psframework.schemes.groups import part_size, start_sum
+from psframework.schemes.groups import Group, part_size, start_sum
 from psframework.schemes.driver import Event, Problem, Schedule, ServerSide, StepResult, SYNC, STOP, WorkerSide
 from psframework.settings import Settings
 
@@ -41,8 +41,8 @@ def phase_of(kind: str) -> int:
 class CodedServerBase(ServerSide):
     """Rank 0 of a coded scheme: one round per conv layer and pass, decoded from the first k replies."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
-        super().__init__(settings, problem, link)
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+        super().__init__(settings, problem, link, group)
         self.code = code_of(settings.code)
         self.n, self.k = self.code.n, self.code.k
         self.placement = placement_of(settings, self.model)
@@ -84,7 +84,7 @@ class CodedServerBase(ServerSide):
         loss = self.core.step(*self.problem.dataset.train.fetch(self.batch_indices(step)), self, self.group)
         timings = {**self.link.clock.timings, "encode_s": self.encode_s, "decode_s": self.core.decode_s}
         delays = {str(r): f for r, f in self.stragglers.factors(step.iteration).items() if f}
-        return StepResult(loss, timings, {**self.link.iteration_fields(), **self.group_fields(),
+        return StepResult(loss, timings, {**self.link.iteration_fields(), **self.group.fields(),
                                           "straggler_delays": delays})
 
     # The exchange CodedServer.step drives: one round per conv layer and pass.
@@ -112,8 +112,8 @@ class CodedServerBase(ServerSide):
 class CodedServerSide(CodedServerBase):
     """Rank 0 of `sazd`, `poly` and `uncoded` (DEU): the workers hold and update the coded weights."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
-        super().__init__(settings, problem, link)
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+        super().__init__(settings, problem, link, group)
         self.momentum: Optional[List[Dict[str, torch.Tensor]]] = None
         self.verify_max = 0.0
 

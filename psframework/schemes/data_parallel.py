@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from psframework.data import shard, shard_bounds
 from psframework.models import split_parameters
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.common import Step, build_problem, conv_optimizer, head_optimizer, placement_of
+from psframework.schemes.groups import Group
 from psframework.schemes.driver import STOP, Event, Problem, Schedule, ServerSide, StepResult, WorkerSide, steps
 from psframework.settings import Settings
 
@@ -96,8 +97,8 @@ class DataParallelServer(ServerSide):
 
     fetches_batches = False  # the workers load their shards; rank 0 needs labels at most
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
-        super().__init__(settings, problem, link)
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+        super().__init__(settings, problem, link, group)
         link.require(1)
         self.placement = placement_of(settings, self.model)
         self.trunk, self.head = split_parameters(self.model, self.placement)
@@ -140,7 +141,7 @@ class DataParallelServer(ServerSide):
     def step(self, step: Step) -> StepResult:
         self.link.begin_iteration()
         result = self.round(step)
-        fields = {**self.link.iteration_fields(), **self.group_fields()}
+        fields = {**self.link.iteration_fields(), **self.group.fields()}
         fields.update(used=[self.link.job_rank(j) for j in result.used], samples=[result.sizes[j] for j in result.used])
         return StepResult(result.loss, dict(self.link.clock.timings), fields)
 

@@ -23,6 +23,7 @@ from psframework.metrics import Progress, RunRecorder
 from psframework.runtime.preempt import FLAG, Preempted
 from psframework.schemes.checkpoint import restore, save_checkpoint
 from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
+from psframework.schemes.groups import Group, SoleServer
 from psframework.settings import Settings
 
 STEP, SYNC, STOP = "step", "sync", "stop"
@@ -121,10 +122,10 @@ class ServerSide(ABC):
     """Rank 0's part of a scheme (or the whole of a single-process scheme)."""
 
     fetches_batches = True  # whether rank 0 loads every global batch (data-parallel servers need labels only)
-    group: Any = None  # with several servers: this server's schemes.groups.ServerGroup
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None) -> None:
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
         self.settings, self.problem, self.link = settings, problem, link
+        self.group: Group = group or SoleServer()  # this server's place among the run's servers
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
 
     @property
@@ -135,19 +136,11 @@ class ServerSide(ABC):
     @property
     def lead(self) -> bool:
         """Return whether this side is the lead server (rank 0): it evaluates, checkpoints and records."""
-        return self.group is None or self.group.lead
+        return self.group.lead
 
     def batch_indices(self, step: Step) -> Any:
         """Return the samples of `step` this server computes on: the global batch, or its group's part."""
-        return step.indices if self.group is None else self.group.part(step.indices)
-
-    def group_fields(self) -> Dict[str, Any]:
-        """Return the iteration's fields of the sums among the servers (none with one server)."""
-        return {} if self.group is None else self.group.fields()
-
-    def stop_requested(self) -> bool:
-        """Return whether a preemption signal asks the run to stop (on any server, with several)."""
-        return FLAG.requested() if self.group is None else self.group.stop
+        return self.group.part(step.indices)
 
     def describe(self) -> str:
         """Return what the start-up line says about the scheme."""
@@ -251,7 +244,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
-        if side.stop_requested() and step.iteration < schedule.total:
+        if side.group.stop and step.iteration < schedule.total:
             stop_early(settings, side, schedule, step.iteration, recorder)
     problem.dataset.close()  # stops a streamed dataset's loader processes
     fields = summary_fields(settings, side, schedule, recorder, world_size, final)
@@ -266,10 +259,8 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
 def share_start(side: ServerSide, opening: Any) -> int:
     """Return the iteration the run starts after; with several servers, every server takes the lead's
     model and scheme state (the lead alone read the checkpoint)."""
-    if side.group is None:
-        return opening.start
     lead = (opening.start, side.model.state_dict(), side.state_dict()) if side.lead else None
-    start, model, state = side.group.peers.broadcast(lead)
+    start, model, state = side.group.broadcast(lead)
     if not side.lead:
         side.model.load_state_dict(model)
         side.load_state_dict(state)
@@ -358,14 +349,9 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
     fields.update(side.finish())
     if side.link is not None:
         fields.update(side.link.finish(recorder, schedule.total))
-    if side.group is not None:
-        fields["servers"] = side.group.gather_servers(fields, recorder)
-        side.group.peers.free()
-        if fields["servers"]:  # the lead: processor time of the whole job, every group's
-            groups = [s["cpu_s_per_iteration"] for s in fields["servers"]]
-            fields["cpu_s_per_iteration"] = {key: sum(g[key] for g in groups) for key in groups[0]}
-    elif side.link is None:  # one process
+    if side.link is None:  # one process
         fields["cpu_s_per_iteration"] = cpu_per_iteration(recorder.mean("cpu_s", skip=1), [])
+    fields.update(side.group.summary(fields, recorder))
     return fields
 
 

@@ -12,8 +12,8 @@ BatchNorm does. So every server steps the same model, and the run equals the sin
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,101 @@ def sync_bytes(parameters: int, norms: Sequence[_BatchNorm]) -> int:
     return 4 * (parameters + 2) + sum(8 * (4 * m.num_features + 1) for m in norms)
 
 
+class Group(Protocol):
+    """A server's place among the servers of a run: what it computes on and what it sums with the others."""
+
+    index: int
+    count: int
+
+    @property
+    def lead(self) -> bool:
+        """Return whether this is the lead server: it evaluates, checkpoints and records."""
+
+    @property
+    def stop(self) -> bool:
+        """Return whether the run stops after the current iteration (a preemption signal)."""
+
+    def part(self, indices: np.ndarray) -> np.ndarray:
+        """Return this server's part of a global batch's sample indices."""
+
+    def begin(self, batch_size: int) -> None:
+        """Start an iteration on a global batch of `batch_size` samples."""
+
+    def loss(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Return this server's share of the mean cross-entropy over the global batch."""
+
+    def sum_gradients(self, optimizers: Sequence[torch.optim.Optimizer], loss: float) -> float:
+        """Sum what the optimizers will step, the loss and the stop flags over the servers; return the loss."""
+
+    def agree_stop(self) -> bool:
+        """Agree with the other servers whether the run stops after this iteration; return it."""
+
+    def batchnorm(self, model: nn.Module) -> ContextManager[None]:
+        """Return a block in which the model's BatchNorm layers use statistics of the whole batch."""
+
+    def broadcast(self, obj: Any) -> Any:
+        """Return the lead's `obj` on every server."""
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Return every server's `obj` on the lead (in order), None elsewhere."""
+
+    def fields(self) -> Dict[str, Any]:
+        """Return the iteration's fields of the sums among the servers."""
+
+    def summary(self, fields: Dict[str, Any], recorder: Any) -> Dict[str, Any]:
+        """Return the summary's fields about the servers, and release what the sums held."""
+
+
+class SoleServer:
+    """The one server of a run: the whole batch, nothing to sum, its own preemption flag."""
+
+    index, count, lead = 0, 1, True
+
+    @property
+    def stop(self) -> bool:
+        """Return whether a preemption signal asks the run to stop."""
+        return FLAG.requested()
+
+    def part(self, indices: np.ndarray) -> np.ndarray:
+        """Return the whole global batch."""
+        return indices
+
+    def begin(self, batch_size: int) -> None:
+        """Start an iteration: nothing to prepare."""
+
+    def loss(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Return the mean cross-entropy over the batch."""
+        return torch.nn.functional.cross_entropy(scores, labels)
+
+    def sum_gradients(self, optimizers: Sequence[torch.optim.Optimizer], loss: float) -> float:
+        """Return the loss: the gradients are already the whole batch's."""
+        return loss
+
+    def agree_stop(self) -> bool:
+        """Return whether a preemption signal asks the run to stop."""
+        return self.stop
+
+    def batchnorm(self, model: nn.Module) -> ContextManager[None]:
+        """Return a block that changes nothing: the batch is this server's."""
+        return nullcontext()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Return `obj`: there is no other server."""
+        return obj
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Return `obj` as the only server's."""
+        return [obj]
+
+    def fields(self) -> Dict[str, Any]:
+        """Return no fields: nothing is summed among servers."""
+        return {}
+
+    def summary(self, fields: Dict[str, Any], recorder: Any) -> Dict[str, Any]:
+        """Return no fields: there are no other servers."""
+        return {}
+
+
 class ServerGroup:
     """This server's place among the G servers: its part of every global batch and the sums across servers.
 
@@ -57,6 +152,14 @@ class ServerGroup:
         self.scale = 1.0  # 1 / the global batch's size: each part's loss is its share of the mean
         self.stop = False  # whether any server asked to stop after the current iteration
         self._bytes0 = 0
+
+    def broadcast(self, obj: Any) -> Any:
+        """Return the lead's `obj` on every server."""
+        return self.peers.broadcast(obj)
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Return every server's `obj` on the lead (in order), None elsewhere."""
+        return self.peers.gather(obj)
 
     @property
     def lead(self) -> bool:
@@ -103,6 +206,15 @@ class ServerGroup:
     def fields(self) -> Dict[str, Any]:
         """Return the iteration's bytes summed with the other servers (each sent and received once)."""
         return {"server_sync_bytes": self.peers.stats.sent_bytes - self._bytes0}
+
+    def summary(self, fields: Dict[str, Any], recorder: Any) -> Dict[str, Any]:
+        """Return every server's figures (on the lead) and the job's processor time; free the servers' sums."""
+        servers = self.gather_servers(fields, recorder)
+        self.peers.free()
+        if not servers:
+            return {"servers": servers}
+        groups = [s["cpu_s_per_iteration"] for s in servers]  # the job's processor time: every group's
+        return {"servers": servers, "cpu_s_per_iteration": {key: sum(g[key] for g in groups) for key in groups[0]}}
 
     def gather_servers(self, fields: Dict[str, Any], recorder: Any) -> Optional[List[Dict[str, Any]]]:
         """Return every server's bytes on the lead (None elsewhere): with its workers, and summed with the servers."""

@@ -28,6 +28,8 @@ class Scheme:
     module: str  # import path of the module with the classes below
     server: str  # class of rank 0's side (the whole run, for a single-process scheme)
     worker: Optional[str] = None  # class of ranks 1..n; None: the scheme runs in one process
+    group_server: Optional[str] = None  # class of every server's side with several servers (default: `server`)
+    group_worker: Optional[str] = None  # class of the workers' side with several servers (default: `worker`)
     code: Optional[str] = None  # erasure code of the conv layers: a kind of psframework.codes.make_code
     byte_model: Optional[str] = None  # "module:function" (settings, model, placement, group) -> bytes (sent, received)
     sync_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes summed among servers
@@ -63,6 +65,12 @@ class Scheme:
     def coded(self) -> bool:
         """Return whether the scheme codes its conv layers across the workers."""
         return self.code is not None
+
+    def sides(self, servers: int) -> Tuple[str, Optional[str]]:
+        """Return the classes of the server's and the workers' sides of a run with `servers` servers."""
+        if servers > 1:
+            return self.group_server or self.server, self.group_worker or self.worker
+        return self.server, self.worker
 
     def load(self, attribute: str) -> Any:
         """Return an attribute (class or function) of the scheme's module, or of "module:attribute"."""

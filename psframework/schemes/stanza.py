@@ -35,7 +35,7 @@ from psframework.schemes.common import Step, conv_optimizer, placement_of, scale
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
-from psframework.schemes.groups import part_size, start_sum, sync_bytes
+from psframework.schemes.groups import Group, part_size, start_sum, sync_bytes
 from psframework.settings import Settings
 
 
@@ -58,8 +58,8 @@ def feature_grads_envelope(iteration: int) -> Any:
 class StanzaServer(DataParallelServer):
     """Rank 0 of `stanza`: hosts the FC head and is the conv stack's parameter server."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any) -> None:
-        super().__init__(settings, problem, link)
+    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+        super().__init__(settings, problem, link, group)
         self.cut = cut_model(self.model, self.placement, settings.model.name)
         self.conv_opt, self.head_opt = self.optimizers
 
