@@ -706,6 +706,7 @@ class ShardedWorkerRounds:
 
     def __init__(self, links: Sequence[WorkerRounds]) -> None:
         self.links = list(links)
+        self.sizes: List[int] = []  # values per shard of the last message taken
         self.report = self.links[0].report
         for link in self.links[1:]:
             link.report = self.report
@@ -753,19 +754,58 @@ class ShardedWorkerRounds:
         for link in self.links:
             link.started(start)
 
-    def take(self, envelope: Envelope) -> List[Any]:
-        """Wait for a message from every server; return their tensors in shard order."""
-        return [link.take(envelope) for link in self.links]
+    def take(self, envelope: Envelope) -> Any:
+        """Wait for a message from every server; return their tensors joined in shard order."""
+        import torch
+
+        pieces = [link.take(envelope) for link in self.links]
+        self.sizes = [piece.numel() for piece in pieces]
+        return torch.cat(pieces)
 
     def has(self, envelope: Envelope) -> bool:
         """Return whether every server's message has arrived (then every server has moved on)."""
         return all(link.has(envelope) for link in self.links)
 
-    def reply(self, pieces: Sequence[Any], envelope: Envelope) -> None:
-        """Send piece s to the server of shard s."""
-        for link, piece in zip(self.links, pieces):
-            link.reply(piece, envelope, count=False)
-        self.report.sent()
+    def first_of(self, envelopes: Sequence[Envelope]) -> int:
+        """Wait until one of the messages has arrived from every server; return its position (not taking it).
+
+        Every server sends the same sequence of messages, so the lead's answer is every server's.
+        """
+        return [link.first_of(envelopes) for link in self.links][0]
+
+    @property
+    def snapshot(self) -> Optional[Callable[[], Any]]:
+        return self.links[0].snapshot
+
+    @snapshot.setter
+    def snapshot(self, state: Optional[Callable[[], Any]]) -> None:
+        for link in self.links:
+            link.snapshot = state
+
+    def split(self, vector: Any) -> List[Any]:
+        """Cut a vector as the last message taken was cut; what lies beyond it goes with the lead's shard.
+
+        A reply to the shards' servers carries one value per value taken, then what the lead server
+        alone keeps (a worker's BatchNorm running statistics and loss).
+        """
+        import torch
+
+        total = sum(self.sizes)
+        pieces = list(torch.split(vector[:total], self.sizes))
+        pieces[0] = torch.cat([pieces[0], vector[total:]])
+        return [piece.contiguous() for piece in pieces]
+
+    def reply(self, data: Any, envelope: Envelope, count: bool = True, wait: bool = True) -> None:
+        """Send each server its shard of a reply (see `split`)."""
+        for link, piece in zip(self.links, self.split(data)):
+            link.reply(piece, envelope, count=False, wait=wait)
+        if count:
+            self.report.sent()
+
+    def send(self, data: Any, envelope: Envelope) -> None:
+        """Start sending each server its shard of a tensor (see `split`)."""
+        for link, piece in zip(self.links, self.split(data)):
+            link.send(piece, envelope)
 
     def progress(self) -> None:
         """Move whatever messages can move now."""

@@ -6,27 +6,33 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
 from psframework.settings import TransportSettings
+
+if TYPE_CHECKING:  # the transport needs mpi4py: it is imported when a node starts
+    from psframework.comm.collective import Peers
+    from psframework.comm.roles import Roles
+    from psframework.comm.transport import Transport
+    from psframework.runtime.threads import ThreadPlan
 
 
 @dataclass
 class Node:
     """This rank's roles, its transport to every rank and, on workers that relay, the worker-only transport."""
 
-    roles: Any
-    transport: Any
-    peers: Optional[Any]
+    roles: Roles
+    transport: Transport
+    peers: Optional[Transport]
     settings: TransportSettings
-    threads: Any = None  # the ThreadPlan of this rank
+    threads: Optional[ThreadPlan] = None  # how many threads this rank computes with
     device: str = "cpu"  # the torch device this rank computes on (its bound GPU is the current one)
     device_note: Optional[str] = None  # why `device: auto` fell back to the CPU, if it did
-    across: Optional[Any] = None  # with several groups: this rank's Peers across groups (servers, or packet j)
-    all_workers: Optional[Any] = None  # with several groups, on workers: every worker of the job
-    shards: List[Tuple[Any, Any]] = field(default_factory=list)  # parameter shards: (roles, transport) of each
+    across: Optional[Peers] = None  # with several groups: this rank's peers across groups (servers, or packet j)
+    all_workers: Optional[Peers] = None  # with several groups, on workers: every worker of the job
+    shards: List[Tuple[Roles, Transport]] = field(default_factory=list)  # parameter shards: (roles, transport)
 
     def wants_progress_thread(self) -> bool:
         """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
@@ -120,8 +126,8 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     return node
 
 
-def across_groups(roles: Any, timeout_s: float, poll_sleep_s: float,
-                  send_hook: Any = None) -> Tuple[Any, Optional[Any]]:
+def across_groups(roles: Roles, timeout_s: float, poll_sleep_s: float,
+                  send_hook: Any = None) -> Tuple[Peers, Optional[Peers]]:
     """Return this rank's peers across groups (the servers, or the holders of its packet) and, on workers,
     every worker of the job; their sums cross this rank's emulated link (`send_hook`) as its messages do."""
     from functools import partial

@@ -35,9 +35,8 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
 
 def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, Any]]:
     """Build this rank's side, agree that every rank could, and run it."""
+    from psframework.schemes.groups import SoleServer
     from psframework.schemes.startup import agree, attempt
-
-    from psframework.schemes.groups import ServerGroup, SoleServer
 
     scheme = get_scheme(settings.run.scheme)
     if not scheme.mpi:
@@ -46,63 +45,38 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
         note = select_device(settings.device)[1]
         if note:
             print(note, flush=True)
-        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, None, SoleServer()))
+        server = scheme.load(scheme.server)
+        side, outcome = attempt(lambda: _server_side(settings, server, opening, None, SoleServer()))
         _agree_or_close(None, outcome, opening)
         from psframework.schemes.driver import run_server
 
         return run_server(settings, side, opening)
-    from psframework.comm.rounds import ServerRounds, WorkerRounds
-    from psframework.runtime.node import LOSS, start_node
+    from psframework.schemes.topology import join
 
-    relay = scheme.coded and settings.transport.dissemination == "relay"
-    groups = settings.run.servers
-    sharded = groups > 1 and scheme.shards_parameters
-    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=groups, shards=sharded)
+    topology = join(settings, scheme, comm)
+    node = topology.node
     if node.device_note and node.roles.is_lead:
         print(node.device_note, flush=True)
     if node.roles.is_server:
-        roles, transport = node.shards[0] if sharded else (node.roles, node.transport)
-        link = ServerRounds(transport, roles.workers, roles, node.emulation,
-                            detach_after=_detach_after(settings), lost=LOSS)
-        group = ServerGroup(node.across, node.roles.group, groups) if groups > 1 else SoleServer()
-        side, outcome = attempt(lambda: _server_side(settings, scheme, opening, link, group))
+        side, outcome = attempt(lambda: _server_side(settings, topology.side, opening, topology.link, topology.group))
         _agree_or_close(comm, outcome, opening)
         from psframework.schemes.driver import run_server
 
         return run_server(settings, side, opening, node.roles.world.Get_size())
-    worker = scheme.load(scheme.sides(groups)[1])
-    link = WorkerRounds(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
-    if sharded:
-        from psframework.comm.rounds import ShardedWorkerRounds
-
-        link = ShardedWorkerRounds([WorkerRounds(t, r) for r, t in node.shards])
-    side, outcome = attempt(lambda: worker(settings, link))
+    side, outcome = attempt(lambda: topology.side(settings, topology.link))
     agree(comm, outcome)
     _run_worker(settings, side, node)
     return None
 
 
-def _server_side(settings: Settings, scheme: Scheme, opening: Any, link: Any, group: "Group") -> Any:
+def _server_side(settings: Settings, server: Any, opening: Any, link: Any, group: "Group") -> Any:
     """Build a server's side with its problem and restore the checkpoint it resumes from (the lead's)."""
     from psframework.schemes.common import build_problem
     from psframework.schemes.driver import Problem, resume
 
-    server = scheme.load(scheme.sides(group.count)[0])
     side = server(settings, Problem(*build_problem(settings)), link, group)
     resume(side, opening.checkpoint)
     return side
-
-
-def _detach_after(settings: Settings) -> Optional[int]:
-    """Return how far a worker may lag before its server detaches it; None: never.
-
-    With several servers no worker is detached: DEU workers sum their coded gradients with the
-    workers of the same packet in the other groups every update (Stanza's workers their conv
-    gradients with every worker), so a worker that skipped ahead would pair its sums with the wrong
-    iteration's; and a worker of sharded servers would have to rejoin each of them. A slow worker is
-    waited for or, with backup workers, left out of the rounds it is late for.
-    """
-    return None if settings.run.servers > 1 else settings.transport.detach_after
 
 
 def _agree_or_close(comm: Any, outcome: Any, opening: Any) -> None:

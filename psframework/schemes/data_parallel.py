@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Msg, Replies
 from psframework.data import shard, shard_bounds
 from psframework.models import split_parameters
@@ -97,7 +98,8 @@ class DataParallelServer(ServerSide):
 
     fetches_batches = False  # the workers load their shards; rank 0 needs labels at most
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+    def __init__(self, settings: Settings, problem: Problem, link: Optional[ServerLink] = None,
+                 group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
         link.require(1)
         self.placement = placement_of(settings, self.model)
@@ -152,7 +154,7 @@ class DataParallelServer(ServerSide):
 class DataParallelWorker(WorkerSide):
     """Worker j of a data-parallel scheme: trains on its shard; `compute` is the scheme's own part."""
 
-    def __init__(self, settings: Settings, link: Any) -> None:
+    def __init__(self, settings: Settings, link: WorkerLink) -> None:
         super().__init__(settings, link)
         self.dataset, self.model = build_problem(settings)  # rank 0's parameters overwrite the model
         self.model.train()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
+from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Detached, StopEarly, cpu_per_iteration
 from psframework.data import Dataset, num_batches
 from psframework.metrics import Progress, RunRecorder
@@ -123,8 +124,9 @@ class ServerSide(ABC):
 
     fetches_batches = True  # whether rank 0 loads every global batch (data-parallel servers need labels only)
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
-        self.settings, self.problem, self.link = settings, problem, link
+    def __init__(self, settings: Settings, problem: Problem, link: Optional[ServerLink] = None,
+                 group: Optional[Group] = None) -> None:
+        self.settings, self.problem, self.link = settings, problem, link  # no link: a single-process scheme
         self.group: Group = group or SoleServer()  # this server's place among the run's servers
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
 
@@ -180,7 +182,7 @@ class WorkerSide(ABC):
 
     with_syncs = False  # whether rank 0's synchronisations involve the workers
 
-    def __init__(self, settings: Settings, link: Any) -> None:
+    def __init__(self, settings: Settings, link: WorkerLink) -> None:
         self.settings, self.link = settings, link
 
     def start(self, schedule: Schedule) -> None:

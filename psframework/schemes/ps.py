@@ -23,12 +23,14 @@ from typing import Any, Dict, List, Tuple
 import torch
 import torch.nn.functional as F
 
+from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
 from psframework.data import shard_bounds
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, scale_lr
 from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
                                                running_stats, set_grads, weighted_sum)
-from psframework.schemes.driver import Event, Schedule
+from psframework.schemes.driver import Event, Problem, Schedule
+from psframework.schemes.groups import Group
 from psframework.settings import Settings
 
 
@@ -49,57 +51,9 @@ def shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
 
 
 class PSServer(DataParallelServer):
-    """Rank 0 of `ps`: averages full-model gradients and steps every layer (one shard of them, with several)."""
-
-    regions: List[Region] = []
-
-    def start(self, schedule: Schedule) -> None:
-        """With several servers, take this server's shard out of the model (the lead's, shared at the start)."""
-        self.schedule = schedule
-        if self.group is not None:
-            self.regions = self.shard_regions()
-
-    def batch_indices(self, step: Step) -> Any:
-        return step.indices  # every server serves every worker: the workers split the whole batch
-
-    def shard_regions(self) -> List[Region]:
-        """Return this server's shard as regions of consecutive conv-stack or head values, each with its optimizer.
-
-        SGD's step is elementwise, so stepping a region equals stepping the tensors it comes from.
-        """
-        params = list(self.model.parameters())
-        head = {id(p) for p in self.head}
-        values = flat(params)
-        momentum = flat([self.optimizer_of(p).state.get(p, {}).get("momentum_buffer", torch.zeros_like(p))
-                         for p in params])
-        lo, hi = shard_range(values.numel(), self.group.index, self.group.count)
-        runs: List[List[Any]] = []  # [start, stop, is head] of consecutive parameters of one kind, in the shard
-        offset = 0
-        for p in params:
-            start, stop, kind = max(offset, lo), min(offset + p.numel(), hi), id(p) in head
-            offset += p.numel()
-            if start >= stop:
-                continue
-            if runs and runs[-1][2] == kind and runs[-1][1] == start:
-                runs[-1][1] = stop
-            else:
-                runs.append([start, stop, kind])
-        regions = []
-        for start, stop, kind in runs:
-            value = torch.nn.Parameter(values[start:stop].clone())
-            opt = (head_optimizer if kind else conv_optimizer)(self.settings.optim, [value])
-            if self.settings.optim.momentum > 0:
-                opt.state[value]["momentum_buffer"] = momentum[start:stop].clone()
-            regions.append(Region(start, stop, value, opt))
-        return regions
-
-    def optimizer_of(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
-        """Return the optimizer (of the conv stack or the head) that steps a parameter."""
-        return next(opt for opt in self.optimizers if any(p is param for g in opt.param_groups for p in g["params"]))
+    """Rank 0 of `ps`: averages full-model gradients and steps every layer."""
 
     def round(self, step: Step) -> RoundResult:
-        if self.group is not None:
-            return self.shard_round(step)
         params = list(self.model.parameters())
         vector = flat(params)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
@@ -114,7 +68,62 @@ class PSServer(DataParallelServer):
         result.loss = float(mean[-1])
         return result
 
-    def shard_round(self, step: Step) -> RoundResult:
+
+class ShardedPSServer(PSServer):
+    """Server s of `ps` with several servers: holds, averages and steps shard s of the parameters."""
+
+    def __init__(self, settings: Settings, problem: Problem, link: ServerLink, group: Group) -> None:
+        super().__init__(settings, problem, link, group)
+        self.regions: List[Region] = []  # this server's shard, taken out of the model at the start
+
+    def start(self, schedule: Schedule) -> None:
+        """Take this server's shard out of the model (the lead's, shared at the start)."""
+        self.schedule = schedule
+        self.regions = self.shard_regions()
+
+    def batch_indices(self, step: Step) -> Any:
+        return step.indices  # every server serves every worker: the workers split the whole batch
+
+    def shard_regions(self) -> List[Region]:
+        """Return this server's shard as regions of consecutive conv-stack or head values, each with its optimizer.
+
+        SGD's step is elementwise, so stepping a region equals stepping the tensors it comes from.
+        """
+        params = list(self.model.parameters())
+        values = flat(params)
+        momentum = flat([self.optimizer_of(p).state.get(p, {}).get("momentum_buffer", torch.zeros_like(p))
+                         for p in params])
+        regions = []
+        for start, stop, kind in self.shard_runs(params):
+            value = torch.nn.Parameter(values[start:stop].clone())
+            opt = (head_optimizer if kind else conv_optimizer)(self.settings.optim, [value])
+            if self.settings.optim.momentum > 0:
+                opt.state[value]["momentum_buffer"] = momentum[start:stop].clone()
+            regions.append(Region(start, stop, value, opt))
+        return regions
+
+    def shard_runs(self, params: List[torch.nn.Parameter]) -> List[List[Any]]:
+        """Return [start, stop, is head] of the runs of consecutive parameters of one kind in this shard."""
+        head = {id(p) for p in self.head}
+        lo, hi = shard_range(sum(p.numel() for p in params), self.group.index, self.group.count)
+        runs: List[List[Any]] = []
+        offset = 0
+        for p in params:
+            start, stop, kind = max(offset, lo), min(offset + p.numel(), hi), id(p) in head
+            offset += p.numel()
+            if start >= stop:
+                continue
+            if runs and runs[-1][2] == kind and runs[-1][1] == start:
+                runs[-1][1] = stop
+            else:
+                runs.append([start, stop, kind])
+        return runs
+
+    def optimizer_of(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
+        """Return the optimizer (of the conv stack or the head) that steps a parameter."""
+        return next(opt for opt in self.optimizers if any(p is param for g in opt.param_groups for p in g["params"]))
+
+    def round(self, step: Step) -> RoundResult:
         """Send this shard to every worker, average the first N - b shard gradients, step the shard."""
         self.group.begin(len(step.indices))
         vector = torch.cat([r.value.detach() for r in self.regions])
@@ -135,12 +144,10 @@ class PSServer(DataParallelServer):
         return result
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
-        """With several servers, gather every shard (values and momentum) into the lead's model."""
-        if self.group is None:
-            return {}
+        """Gather every shard (values and momentum) into the lead's model."""
         mine = [(r.value.detach().clone(), r.optimizer.state.get(r.value, {}).get("momentum_buffer"))
                 for r in self.regions]
-        shards = self.group.peers.gather(mine)
+        shards = self.group.gather(mine)
         if shards is None:
             return {}
         regions = [region for shard in shards for region in shard]
@@ -155,16 +162,15 @@ class PSServer(DataParallelServer):
 
 
 class PSWorker(DataParallelWorker):
-    """Worker j of `ps`: the whole model on its shard; pushes gradients, statistics and loss."""
+    """Worker j of `ps`: the whole model on its shard; pushes gradients, statistics and loss.
 
-    def __init__(self, settings: Settings, link: Any) -> None:
-        super().__init__(settings, link)
-        self.shards = settings.run.servers  # with several servers, one parameter shard each
+    With several servers its link joins the parameter shards it takes and splits what it replies.
+    """
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
         weights = list(self.model.parameters())
-        assign(weights, params if self.shards == 1 else torch.cat(params))
+        assign(weights, params)
         t0 = time.perf_counter()
         for p in weights:
             p.grad = None
@@ -174,12 +180,7 @@ class PSWorker(DataParallelWorker):
         grads = flat([p.grad for p in weights])
         extra = torch.cat([flat(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, t0)
-        if self.shards == 1:
-            self.link.reply(torch.cat([grads, extra]), Msg.grads(step.iteration))
-            return
-        pieces = [grads[slice(*shard_range(grads.numel(), s, self.shards))] for s in range(self.shards)]
-        pieces[0] = torch.cat([pieces[0], extra])  # the lead's shard carries the statistics and the loss
-        self.link.reply([p.contiguous() for p in pieces], Msg.grads(step.iteration))
+        self.link.reply(torch.cat([grads, extra]), Msg.grads(step.iteration))
 
 
 def expected_server_bytes(settings: Settings, model: Any, placement: Any, group: int = 0) -> Tuple[int, int]:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from psframework.models import split_parameters
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, resolve_device
+from psframework.comm.links import ServerLink
 from psframework.schemes.driver import Problem, ServerSide, StepResult
 from psframework.schemes.groups import Group
 from psframework.settings import Settings
@@ -16,7 +17,8 @@ from psframework.settings import Settings
 class ReferenceTrainer(ServerSide):
     """The whole model in this process: plain forward, backward and optimizer steps."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+    def __init__(self, settings: Settings, problem: Problem, link: Optional[ServerLink] = None,
+                 group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
         self.device = resolve_device(settings.device)  # build_problem put the model and data there
         trunk, head = split_parameters(self.model, placement_of(settings, self.model))

@@ -32,6 +32,7 @@ class Scheme:
     group_worker: Optional[str] = None  # class of the workers' side with several servers (default: `worker`)
     code: Optional[str] = None  # erasure code of the conv layers: a kind of psframework.codes.make_code
     byte_model: Optional[str] = None  # "module:function" (settings, model, placement, group) -> bytes (sent, received)
+    group_byte_model: Optional[str] = None  # the byte model with several servers (default: `byte_model`)
     sync_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes summed among servers
     linear_conv_optimizer: bool = False  # workers keep coded weight copies: only a linear step keeps them exact
     k_equals_n: bool = False  # every worker is needed
@@ -81,9 +82,12 @@ class Scheme:
                               group: int = 0) -> Optional[Tuple[int, int]]:
         """Return the analytic (sent, received) payload bytes per iteration between a group's server and the
         workers (group 0: rank 0), or None without a byte model."""
-        if self.byte_model is None:
+        byte_model = self.byte_model
+        if settings.run.servers > 1 and self.group_byte_model:
+            byte_model = self.group_byte_model
+        if byte_model is None:
             return None
-        return self.load(self.byte_model)(settings, model, placement, group)
+        return self.load(byte_model)(settings, model, placement, group)
 
     def expected_sync_bytes(self, settings: Any, model: Any, placement: Any) -> int:
         """Return the analytic payload bytes each server sums with the other servers per iteration (0 with one)."""
@@ -152,10 +156,12 @@ _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards
 register(Scheme("reference", "one process, whole model: the correctness oracle",
                 "psframework.schemes.reference", "ReferenceTrainer"))
 register(Scheme("ps", "parameter server: whole model replicated on the workers, data parallel",
-                "psframework.schemes.ps", "PSServer", "PSWorker", worker_part="model",
+                "psframework.schemes.ps", "PSServer", "PSWorker", group_server="ShardedPSServer", worker_part="model",
                 sync_model="expected_sync_bytes", **_PARALLEL))
 register(Scheme("stanza", "layer separation: conv stack on the workers (data parallel), FC head on rank 0",
-                "psframework.schemes.stanza", "StanzaServer", "StanzaWorker", sync_model="expected_sync_bytes",
+                "psframework.schemes.stanza", "StanzaServer", "StanzaWorker",
+                group_server="GroupStanzaServer", group_worker="GroupStanzaWorker",
+                group_byte_model="expected_group_server_bytes", sync_model="expected_sync_bytes",
                 **_PARALLEL))
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
                 code="shift-add", **_CODED))

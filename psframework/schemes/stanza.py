@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.comm.envelope import Phase
+from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
 from psframework.models.cut import cut_model
@@ -58,7 +59,8 @@ def feature_grads_envelope(iteration: int) -> Any:
 class StanzaServer(DataParallelServer):
     """Rank 0 of `stanza`: hosts the FC head and is the conv stack's parameter server."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+    def __init__(self, settings: Settings, problem: Problem, link: Optional[ServerLink] = None,
+                 group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
         self.cut = cut_model(self.model, self.placement, settings.model.name)
         self.conv_opt, self.head_opt = self.optimizers
@@ -67,8 +69,6 @@ class StanzaServer(DataParallelServer):
         return self.cut.trunk
 
     def round(self, step: Step) -> RoundResult:
-        if self.group is not None:
-            return self.group_round(step)
         it, conv = step.iteration, self.trunk
         t0 = time.perf_counter()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
@@ -97,13 +97,23 @@ class StanzaServer(DataParallelServer):
         result.loss = float(loss.detach())
         return result
 
-    # -- several servers: the workers keep the conv stack, this server its group's head --------------
-    def start(self, schedule: Schedule) -> None:
-        """With several servers, send the workers the conv stack's state: they step it themselves."""
-        if self.group is not None:
-            self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.params(schedule.start))
+    def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
+        """Return what a worker would send for its shard: conv gradients and running statistics."""
+        for p in self.trunk:
+            p.grad = None
+        images = self.problem.dataset.train.fetch(indices)[0]
+        self.cut.trunk(images).backward(feature_grads)
+        return torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk))])
 
-    def group_round(self, step: Step) -> RoundResult:
+
+class GroupStanzaServer(StanzaServer):
+    """Server g of `stanza` with several servers: the head on its group's part; the workers step the conv stack."""
+
+    def start(self, schedule: Schedule) -> None:
+        """Send the workers the conv stack's state: they step it themselves."""
+        self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.params(schedule.start))
+
+    def round(self, step: Step) -> RoundResult:
         """Run the head on the features of every worker of this group; send them their features' gradients."""
         it = step.iteration
         self.group.begin(len(step.indices))
@@ -123,75 +133,20 @@ class StanzaServer(DataParallelServer):
         return result
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
-        """With several servers, take the conv stack's state from a worker (every worker holds the same)."""
-        if self.group is None:
-            return {}
+        """Take the conv stack's state from a worker (every worker holds the same)."""
         state = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration), 1, rotate=False)
         load_trunk_state(next(iter(state.data.values())), self.trunk, self.conv_opt, self.cut.trunk)
         return {}
-
-    def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
-        """Return what a worker would send for its shard: conv gradients and running statistics."""
-        for p in self.trunk:
-            p.grad = None
-        images = self.problem.dataset.train.fetch(indices)[0]
-        self.cut.trunk(images).backward(feature_grads)
-        return torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk))])
 
 
 class StanzaWorker(DataParallelWorker):
     """Worker j of `stanza`: the conv stack on its shard; sends features, receives their gradient."""
 
-    def __init__(self, settings: Settings, link: Any) -> None:
+    def __init__(self, settings: Settings, link: WorkerLink) -> None:
         super().__init__(settings, link)
         placement = placement_of(settings, self.model)
         self.cut = cut_model(self.model, placement, settings.model.name)
         self.trunk = split_parameters(self.model, placement)[0]
-        self.with_syncs = link.across is not None  # several servers: this worker steps the conv stack
-        self.conv_opt = conv_optimizer(settings.optim, self.trunk) if self.with_syncs else None
-        self.pending: Optional[Callable[[], torch.Tensor]] = None  # the conv gradient sum in flight
-        self.schedule: Optional[Schedule] = None
-
-    def start(self, schedule: Schedule) -> None:
-        super().start(schedule)
-        self.schedule = schedule
-        if self.with_syncs:
-            load_trunk_state(self.link.take(Msg.params(schedule.start)), self.trunk, self.conv_opt, self.cut.trunk)
-
-    def step(self, step: Step, after: Event) -> None:
-        if not self.with_syncs:
-            super().step(step, after)
-            return
-        self.settle()
-        it = step.iteration
-        images = self.dataset.train.fetch(self.my_shard(step.indices))[0]
-        features = self.forward(it, images)
-        share = len(images) / len(step.indices)  # running statistics: the mean over all workers, by samples
-        vector = self.backward(it, features, share)
-        scale_lr([self.conv_opt], self.schedule.lr_factor(it))
-        self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
-                                 self.link.progress)
-        self.link.report.sent()
-
-    def settle(self) -> None:
-        """Step the conv stack with the summed gradients of the last iteration, if their sum is in flight."""
-        if self.pending is None:
-            return
-        total, self.pending = self.pending(), None
-        count = sum(p.numel() for p in self.trunk)
-        set_grads(self.trunk, total[:count])
-        self.conv_opt.step()
-        assign(running_stats(self.cut.trunk), total[count:])
-
-    def sync(self, iteration: int) -> None:
-        """Send the server the conv stack's state (several servers: this worker steps it)."""
-        self.link.take(Msg.state(iteration))
-        self.settle()
-        self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.state_reply(iteration))
-
-    def close(self) -> None:
-        self.settle()
-        super().close()
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
@@ -227,6 +182,55 @@ class StanzaWorker(DataParallelWorker):
         return vector
 
 
+class GroupStanzaWorker(StanzaWorker):
+    """Worker j of `stanza` with several servers: steps the conv stack with the sum of every worker's gradients."""
+
+    with_syncs = True  # the servers take the conv stack's state from the workers
+
+    def __init__(self, settings: Settings, link: WorkerLink) -> None:
+        super().__init__(settings, link)
+        self.conv_opt = conv_optimizer(settings.optim, self.trunk)
+        self.pending: Optional[Callable[[], torch.Tensor]] = None  # the conv gradient sum in flight
+        self.schedule: Optional[Schedule] = None
+
+    def start(self, schedule: Schedule) -> None:
+        super().start(schedule)
+        self.schedule = schedule
+        load_trunk_state(self.link.take(Msg.params(schedule.start)), self.trunk, self.conv_opt, self.cut.trunk)
+
+    def step(self, step: Step, after: Event) -> None:
+        self.settle()
+        it = step.iteration
+        images = self.dataset.train.fetch(self.my_shard(step.indices))[0]
+        features = self.forward(it, images)
+        share = len(images) / len(step.indices)  # running statistics: the mean over all workers, by samples
+        vector = self.backward(it, features, share)
+        scale_lr([self.conv_opt], self.schedule.lr_factor(it))
+        self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
+                                 self.link.progress)
+        self.link.report.sent()
+
+    def settle(self) -> None:
+        """Step the conv stack with the summed gradients of the last iteration, if their sum is in flight."""
+        if self.pending is None:
+            return
+        total, self.pending = self.pending(), None
+        count = sum(p.numel() for p in self.trunk)
+        set_grads(self.trunk, total[:count])
+        self.conv_opt.step()
+        assign(running_stats(self.cut.trunk), total[count:])
+
+    def sync(self, iteration: int) -> None:
+        """Send the server the conv stack's state (several servers: this worker steps it)."""
+        self.link.take(Msg.state(iteration))
+        self.settle()
+        self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.state_reply(iteration))
+
+    def close(self) -> None:
+        self.settle()
+        super().close()
+
+
 def trunk_state(trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer, module: nn.Module) -> torch.Tensor:
     """Return the conv stack's parameters, momentum buffers (zeros without) and running statistics, flat."""
     momentum = [opt.state.get(p, {}).get("momentum_buffer") for p in trunk]
@@ -249,22 +253,30 @@ def load_trunk_state(state: torch.Tensor, trunk: Sequence[nn.Parameter], opt: to
 
 def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
                           group: int = 0) -> Tuple[int, int]:
-    """Return the payload bytes a group's server sends to and receives from its workers per iteration: (sent,
-    received).
+    """Return the payload bytes rank 0 sends to and receives from its workers per iteration: (sent, received).
 
-    Sent: the trunk's parameters to each of the n workers (one server only: with several, the workers
-    step the trunk themselves) and the feature gradients of the batch (with several servers, of the
-    group's part). Received: the features, and with one server each worker's trunk gradients and
-    running statistics.
+    Sent: the trunk's parameters to each of the n workers and the feature gradients of the batch.
+    Received: the features, and each worker's trunk gradients and running statistics.
     """
-    n, batch = settings.code.n, part_size(settings.data.batch_size, group, settings.run.servers)
+    n, features = settings.code.n, _feature_values(settings, model, placement, group)
     cut = cut_model(model, placement, settings.model.name)
-    features = batch * math.prod(cut.feature_shape)
-    if settings.run.servers > 1:
-        return 4 * features, 4 * features
     conv = sum(p.numel() for p in split_parameters(model, placement)[0])
     stats = sum(s.numel() for s in running_stats(cut.trunk))
     return 4 * (n * conv + features), 4 * (features + n * (conv + stats))
+
+
+def expected_group_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
+                                group: int = 0) -> Tuple[int, int]:
+    """Return the payload bytes server `group` of several sends and receives per iteration: the feature
+    gradients of its group's part out, the features in (the workers step the trunk themselves)."""
+    features = _feature_values(settings, model, placement, group)
+    return 4 * features, 4 * features
+
+
+def _feature_values(settings: Settings, model: nn.Module, placement: Placement, group: int) -> int:
+    """Return how many feature values the trunk makes of a group's part of the global batch."""
+    batch = part_size(settings.data.batch_size, group, settings.run.servers)
+    return batch * math.prod(cut_model(model, placement, settings.model.name).feature_shape)
 
 
 def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:

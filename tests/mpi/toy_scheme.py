@@ -28,8 +28,8 @@ def as_vector(tensors):
 class AverageServer(ServerSide):
     """Rank 0: send the parameters, average the workers' gradients weighted by their shard sizes, step."""
 
-    def __init__(self, settings, problem, link):
-        super().__init__(settings, problem, link)
+    def __init__(self, settings, problem, link, group):
+        super().__init__(settings, problem, link, group)
         self.optimizers = [conv_optimizer(settings.optim, list(self.model.parameters()))]
 
     def step(self, step):

@@ -1,0 +1,70 @@
+"""The topology of a run: how many servers, and what each rank's side is given to talk to the others.
+
+This is the one place that looks at `train.servers`: it starts the node, builds the links and the
+group a side gets, and the registry picks the sides' classes (`Scheme.sides`). The schemes see one
+`Group` and one link whatever the topology.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from psframework.comm.links import ServerLink, WorkerLink
+from psframework.runtime.node import LOSS, Node, start_node
+from psframework.schemes.groups import Group, ServerGroup, SoleServer
+from psframework.schemes.registry import Scheme
+from psframework.settings import Settings
+
+
+@dataclass
+class Topology:
+    """This rank's node with the classes of its side, its link and (on servers) its group."""
+
+    node: Node
+    side: Any  # the class of this rank's side
+    link: Any  # ServerLink on servers, WorkerLink on workers
+    group: Optional[Group] = None
+
+
+def join(settings: Settings, scheme: Scheme, comm: Any) -> Topology:
+    """Start this rank's node (collective) and return what its side is built from."""
+    servers = settings.run.servers
+    relay = scheme.coded and settings.transport.dissemination == "relay"
+    sharded = servers > 1 and scheme.shards_parameters
+    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=servers, shards=sharded)
+    server, worker = scheme.sides(servers)
+    if node.roles.is_server:
+        group = ServerGroup(node.across, node.roles.group, servers) if servers > 1 else SoleServer()
+        return Topology(node, scheme.load(server), server_link(settings, node), group)
+    return Topology(node, scheme.load(worker), worker_link(node))
+
+
+def server_link(settings: Settings, node: Node) -> ServerLink:
+    """Return a server's rounds with its workers (a sharded server's: over its shard's communicator)."""
+    from psframework.comm.rounds import ServerRounds
+
+    roles, transport = node.shards[0] if node.shards else (node.roles, node.transport)
+    return ServerRounds(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
+                        lost=LOSS)
+
+
+def worker_link(node: Node) -> WorkerLink:
+    """Return a worker's rounds with its server, or with every shard's server (joined into one link)."""
+    from psframework.comm.rounds import ShardedWorkerRounds, WorkerRounds
+
+    if node.shards:
+        return ShardedWorkerRounds([WorkerRounds(t, r) for r, t in node.shards])
+    return WorkerRounds(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
+
+
+def detach_after(settings: Settings) -> Optional[int]:
+    """Return how far a worker may lag before its server detaches it; None: never.
+
+    With several servers no worker is detached: DEU workers sum their coded gradients with the
+    workers of the same packet in the other groups every update (Stanza's workers their conv
+    gradients with every worker), so a worker that skipped ahead would pair its sums with the wrong
+    iteration's; and a worker of sharded servers would have to rejoin each of them. A slow worker is
+    waited for or, with backup workers, left out of the rounds it is late for.
+    """
+    return None if settings.run.servers > 1 else settings.transport.detach_after
