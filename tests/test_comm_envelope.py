@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psframework.comm.envelope import (DTYPE_NAMES, HEADER_BYTES, MAX_KIND, MAX_LAYER, MAX_NDIM, MAX_PHASE, MAX_TAG,
-                                       MIN_TAG_UB, Envelope, Kind, Phase, decode_header, encode_header, make_tag,
-                                       split_tag)
+from psframework.comm.envelope import (DTYPE_NAMES, HEADER_BYTES, LAST_LAYERED, MAX_KIND, MAX_LAYER, MAX_NDIM,
+                                       MAX_PHASE, MAX_TAG, MIN_TAG_UB, Envelope, Kind, Phase, decode_header,
+                                       encode_header, make_tag, split_tag)
 from psframework.comm.errors import WatchdogTimeout
 
 
@@ -17,13 +17,24 @@ def test_every_kind_layer_phase_has_its_own_tag_below_the_guaranteed_tag_ub():
     tags = {}
     for kind in range(MAX_KIND + 1):
         for phase in range(MAX_PHASE + 1):
-            for layer in range(MAX_LAYER + 1):
+            for layer in range(MAX_LAYER + 1 if kind <= LAST_LAYERED else 1):  # the other kinds have no layer
                 tag = make_tag(kind, layer, phase)
                 assert 0 <= tag < MIN_TAG_UB
                 assert split_tag(tag) == (kind, layer, phase)
                 tags[tag] = (kind, layer, phase)
-    assert len(tags) == (MAX_KIND + 1) * (MAX_PHASE + 1) * (MAX_LAYER + 1)
+    layered = LAST_LAYERED + 1
+    assert len(tags) == (layered * (MAX_LAYER + 1) + MAX_KIND + 1 - layered) * (MAX_PHASE + 1)
     assert max(tags) == MAX_TAG < MIN_TAG_UB
+
+
+def test_control_and_stanza_messages_have_kinds_of_their_own_without_a_layer():
+    stop = Envelope(Kind.STOP, 3, phase=Phase.OTHER)
+    assert split_tag(stop.tag) == (Kind.STOP, 0, Phase.OTHER) and str(stop) == "STOP iteration 3 OTHER"
+    assert Envelope(Kind.FEATURES, 3).tag != Envelope(Kind.REPLY, 3).tag
+    with pytest.raises(ValueError, match="envelope layer: got 2, expected 0 for a STOP message"):
+        Envelope(Kind.STOP, 3, layer=2)
+    with pytest.raises(ValueError, match="expected kind 0"):
+        make_tag(Kind.STOP, 1, 0)
 
 
 def test_envelope_tag_leaves_the_iteration_out():
@@ -59,7 +70,7 @@ def test_make_tag_rejects_bad_fields():
        phase=st.integers(0, MAX_PHASE), dtype=st.sampled_from(DTYPE_NAMES),
        shape=st.lists(st.integers(0, 1 << 40), max_size=MAX_NDIM), nbytes=st.integers(0, 1 << 50))
 def test_header_round_trips(kind, iteration, layer, phase, dtype, shape, nbytes):
-    envelope = Envelope(kind, iteration, layer, phase)
+    envelope = Envelope(kind, iteration, layer if kind <= LAST_LAYERED else 0, phase)
     words = encode_header(envelope, dtype, tuple(shape), nbytes)
     assert words.dtype == np.int64 and words.nbytes == HEADER_BYTES
     header = decode_header(words)

@@ -140,6 +140,25 @@ def test_the_freeze_model_stops_and_continues_a_process():
     assert final != "T"  # stopping the freezer lets the process go on
 
 
+def test_the_freezer_helper_lets_its_process_go_on_when_it_ends(monkeypatch):
+    import signal
+
+    from psframework.runtime import freezer
+
+    sent = []
+
+    def kill(pid, sig):
+        sent.append((pid, sig))
+        if len(sent) == 3:
+            raise ProcessLookupError(pid)  # the process is gone: the helper ends
+
+    monkeypatch.setattr(freezer.os, "kill", kill)
+    monkeypatch.setattr(freezer.time, "sleep", lambda s: None)
+    monkeypatch.setattr(freezer.signal, "signal", lambda *a: None)  # leave pytest's own SIGTERM handler be
+    freezer.main(["123", "0.5", "0.1"])
+    assert sent == [(123, signal.SIGSTOP), (123, signal.SIGCONT), (123, signal.SIGSTOP), (123, signal.SIGCONT)]
+
+
 @pytest.mark.parametrize("fields,message", [
     (dict(model="freeze"), "stragglers.ranks: got none"),
     (dict(model="freeze", ranks=(2,), duty=1.0), "stragglers.duty: got 1.0"),

@@ -14,21 +14,38 @@ LAYER_BITS = 10
 MAX_LAYER = (1 << LAYER_BITS) - 1
 MAX_PHASE = (1 << PHASE_BITS) - 1
 MAX_ITERATION = (1 << 62) - 1
-# The MPI standard guarantees only TAG_UB >= 32767; kind, phase and layer fit in 15 bits, and kind 7
-# is left unused so that every tag stays strictly below 32767.
+# The MPI standard guarantees only TAG_UB >= 32767. The kinds with a layer put kind, phase and layer
+# in 15 bits (kinds 0..6 of 3 bits); the kinds without one take the next few tags, one per
+# (kind, phase), so that every tag stays strictly below 32767.
 MIN_TAG_UB = 32767
 
 
 class Kind(IntEnum):
-    """What a message is for; the transport treats kinds only as part of the tag."""
+    """What a message is for; the transport treats kinds only as part of the tag.
+
+    The kinds up to EVAL carry a layer; the others are single messages of the rounds' vocabulary,
+    and their layer is always 0.
+    """
 
     COMMAND = 0  # server -> worker: an input to compute on (activations, output gradients)
     REPLY = 1  # worker -> server: the result of a command
     SHARD = 2  # worker <-> worker: a coded packet of the relay dissemination
     PARAMS = 3  # parameters sent out
     GRADS = 4  # gradients sent in
-    CONTROL = 5  # start, stop and acknowledgements
+    CONTROL = 5  # acknowledgements and signals of tools and tests
     EVAL = 6  # evaluation traffic
+    STATE = 7  # server -> worker: send your state
+    STATE_REPLY = 8  # worker -> server: its state
+    STOP = 9  # the end (and the worker's report)
+    DETACH = 10  # server -> worker: you were left out
+    REJOIN = 11  # worker -> server: back (at the iteration it was detached at)
+    READMIT = 12  # server -> worker: go on here, with a fresh state
+    SNAPSHOT = 13  # server -> worker: your state, please
+    SNAPSHOT_REPLY = 14  # worker -> server: its state
+    STOP_EARLY = 15  # server -> worker: the run stops after this iteration
+    STARTED = 16  # worker -> server: ready to train
+    FEATURES = 17  # worker -> server (stanza): the features of the worker's shard
+    FEATURE_GRADS = 18  # server -> worker (stanza): the gradient of the loss with respect to those features
 
 
 class Phase(IntEnum):
@@ -41,6 +58,8 @@ class Phase(IntEnum):
 
 
 MAX_KIND = max(Kind)
+LAST_LAYERED = Kind.EVAL  # the last kind with a layer
+_SINGLE_BASE = (LAST_LAYERED + 1) << (LAYER_BITS + PHASE_BITS)  # the first tag of the kinds without a layer
 _INTS = (int, Kind, Phase)  # exact types accepted without further checks (bool is not among them)
 
 
@@ -64,12 +83,15 @@ class Envelope:
         kind, iteration, layer, phase = self.kind, self.iteration, self.layer, self.phase
         if (type(kind) in _INTS and type(iteration) in _INTS and type(layer) in _INTS and type(phase) in _INTS
                 and 0 <= kind <= MAX_KIND and 0 <= layer <= MAX_LAYER and 0 <= phase <= MAX_PHASE
-                and 0 <= iteration <= MAX_ITERATION):
+                and 0 <= iteration <= MAX_ITERATION and (layer == 0 or kind <= LAST_LAYERED)):
             return
         for name, value, high in (("kind", kind, MAX_KIND), ("layer", layer, MAX_LAYER),
                                   ("phase", phase, MAX_PHASE), ("iteration", iteration, MAX_ITERATION)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= high:
                 raise ValueError(f"envelope {name}: got {value!r}, expected an integer in 0..{high}")
+        if layer != 0 and kind > LAST_LAYERED:
+            raise ValueError(f"envelope layer: got {layer!r}, expected 0 for a {_name(Kind, kind)} message "
+                             "(it has no layer)")
 
     @property
     def tag(self) -> int:
@@ -81,25 +103,32 @@ class Envelope:
         return Envelope(self.kind, iteration, self.layer, self.phase)
 
     def __str__(self) -> str:
-        return (f"{_name(Kind, self.kind)} iteration {self.iteration} layer {self.layer} "
-                f"{_name(Phase, self.phase)}")
+        layer = f" layer {self.layer}" if self.kind <= LAST_LAYERED else ""
+        return f"{_name(Kind, self.kind)} iteration {self.iteration}{layer} {_name(Phase, self.phase)}"
 
 
 def make_tag(kind: int, layer: int, phase: int) -> int:
     """Return the tag of (kind, layer, phase); always below 32767, the smallest legal TAG_UB."""
-    if not 0 <= kind <= MAX_KIND or not 0 <= layer <= MAX_LAYER or not 0 <= phase <= MAX_PHASE:
+    if (not 0 <= kind <= MAX_KIND or not 0 <= layer <= (MAX_LAYER if kind <= LAST_LAYERED else 0)
+            or not 0 <= phase <= MAX_PHASE):
         raise ValueError(f"tag fields: got kind={kind}, layer={layer}, phase={phase}, "
-                         f"expected kind 0..{MAX_KIND}, layer 0..{MAX_LAYER}, phase 0..{MAX_PHASE}")
+                         f"expected kind 0..{MAX_KIND}, layer 0..{MAX_LAYER} (0 from kind {LAST_LAYERED + 1}), "
+                         f"phase 0..{MAX_PHASE}")
+    if kind > LAST_LAYERED:
+        return _SINGLE_BASE + (int(kind) - LAST_LAYERED - 1) * (MAX_PHASE + 1) + int(phase)
     return (int(kind) << (LAYER_BITS + PHASE_BITS)) | (int(phase) << LAYER_BITS) | int(layer)
 
 
-MAX_TAG = make_tag(MAX_KIND, MAX_LAYER, MAX_PHASE)
+MAX_TAG = make_tag(MAX_KIND, 0, MAX_PHASE)
 
 
 def split_tag(tag: int) -> Tuple[int, int, int]:
     """Return (kind, layer, phase) of a tag made by make_tag."""
-    if not 0 <= tag < MIN_TAG_UB:
-        raise ValueError(f"tag: got {tag}, expected 0..{MIN_TAG_UB - 1}")
+    if not 0 <= tag <= MAX_TAG:
+        raise ValueError(f"tag: got {tag}, expected 0..{MAX_TAG}")
+    if tag >= _SINGLE_BASE:
+        single, phase = divmod(tag - _SINGLE_BASE, MAX_PHASE + 1)
+        return LAST_LAYERED + 1 + single, 0, phase
     return tag >> (LAYER_BITS + PHASE_BITS), tag & MAX_LAYER, (tag >> LAYER_BITS) & MAX_PHASE
 
 

@@ -30,11 +30,6 @@ class ShardExchange:
     received: FirstK
     sends: List[SendHandle]
 
-    def wait_sends(self, timeout_s: Any = DEFAULT) -> None:
-        """Block until every peer has been sent the packet; only then may it be modified."""
-        for handle in self.sends:
-            handle.wait(timeout_s)
-
 
 def send_shard(transport: Transport, packet: Any, envelope: Envelope,
                peers: Optional[Sequence[int]] = None) -> List[SendHandle]:

@@ -58,11 +58,6 @@ class Roles:
         return self.rank != self.server
 
     @property
-    def n_workers(self) -> int:
-        """Return the number of workers of this group."""
-        return len(self.workers)
-
-    @property
     def worker_index(self) -> int:
         """Return this worker's index 0..n-1 in its group (its packet index); -1 on a server."""
         return self.rank - 1 if self.is_worker else -1

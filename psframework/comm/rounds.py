@@ -31,7 +31,7 @@ class Msg:
     """The message vocabulary: each entry returns the envelope of one kind of message for an iteration.
 
     command, reply and shard take (iteration, layer, phase); params takes (iteration, layer, phase=);
-    grads, state, state_reply and stop take the iteration only.
+    the others take the iteration only.
     """
 
     command = partial(Envelope, Kind.COMMAND)  # server -> worker: an input to compute on
@@ -39,18 +39,21 @@ class Msg:
     shard = partial(Envelope, Kind.SHARD)  # worker <-> worker: a coded packet of a relayed tensor
     params = partial(Envelope, Kind.PARAMS, phase=Phase.OTHER)  # server -> worker: initial state, weights
     grads = partial(Envelope, Kind.GRADS, layer=0, phase=Phase.BACKWARD)  # worker -> server: gradients
-    state = partial(Envelope, Kind.CONTROL, layer=1, phase=Phase.OTHER)  # server -> worker: send your state
-    state_reply = partial(Envelope, Kind.PARAMS, layer=1, phase=Phase.OTHER)  # worker -> server: its state
-    stop = partial(Envelope, Kind.CONTROL, layer=2, phase=Phase.OTHER)  # the end (and the worker's report)
+    state = partial(Envelope, Kind.STATE, phase=Phase.OTHER)  # server -> worker: send your state
+    state_reply = partial(Envelope, Kind.STATE_REPLY, phase=Phase.OTHER)  # worker -> server: its state
+    stop = partial(Envelope, Kind.STOP, phase=Phase.OTHER)  # the end (and the worker's report)
     # Membership: a worker too far behind is detached; when it answers again it is readmitted.
-    detach = partial(Envelope, Kind.CONTROL, layer=3, phase=Phase.OTHER)  # server -> worker: you were left out
-    rejoin = partial(Envelope, Kind.CONTROL, layer=4, phase=Phase.OTHER)  # worker -> server: back (detach iteration)
-    readmit = partial(Envelope, Kind.CONTROL, layer=5, phase=Phase.OTHER)  # server -> worker: go on here, fresh state
-    snapshot = partial(Envelope, Kind.CONTROL, layer=6, phase=Phase.OTHER)  # server -> worker: your state, please
-    snapshot_reply = partial(Envelope, Kind.CONTROL, layer=7, phase=Phase.OTHER)  # worker -> server: its state
+    detach = partial(Envelope, Kind.DETACH, phase=Phase.OTHER)  # server -> worker: you were left out
+    rejoin = partial(Envelope, Kind.REJOIN, phase=Phase.OTHER)  # worker -> server: back (detach iteration)
+    readmit = partial(Envelope, Kind.READMIT, phase=Phase.OTHER)  # server -> worker: go on here, fresh state
+    snapshot = partial(Envelope, Kind.SNAPSHOT, phase=Phase.OTHER)  # server -> worker: your state, please
+    snapshot_reply = partial(Envelope, Kind.SNAPSHOT_REPLY, phase=Phase.OTHER)  # worker -> server: its state
     # server -> worker: the run stops after this iteration (a preemption); a sync and the stop follow
-    stop_early = partial(Envelope, Kind.CONTROL, layer=8, phase=Phase.OTHER)
-    started = partial(Envelope, Kind.CONTROL, layer=9, phase=Phase.OTHER)  # worker -> server: ready to train
+    stop_early = partial(Envelope, Kind.STOP_EARLY, phase=Phase.OTHER)
+    started = partial(Envelope, Kind.STARTED, phase=Phase.OTHER)  # worker -> server: ready to train
+    # stanza: the features of a worker's shard, and the gradient of the loss with respect to them
+    features = partial(Envelope, Kind.FEATURES, phase=Phase.FORWARD)  # worker -> server
+    feature_grads = partial(Envelope, Kind.FEATURE_GRADS, phase=Phase.BACKWARD)  # server -> worker
 
 
 class Detached(Exception):

@@ -543,11 +543,6 @@ class Transport:
         slots = {s: self._open_slot(s, envelope, None if out is None else out[s], infos[s]) for s in sources}
         return Gather(self, envelope, slots)
 
-    def gather_first(self, sources: Sequence[int], envelope: Envelope, out: Optional[Mapping[int, Any]],
-                     k: Optional[int] = None, *, timeout_s: Any = DEFAULT) -> FirstK:
-        """Post receives from every source and wait for the first k replies."""
-        return self.post_gather(sources, envelope, out).wait(k, timeout_s=timeout_s)
-
     def has_message(self, source: int, kind: int, layer: int = 0, phase: int = 0) -> bool:
         """Return whether a message from `source` with this kind, layer and phase waits unclaimed."""
         tag = make_tag(kind, layer, phase)

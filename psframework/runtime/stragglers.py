@@ -120,26 +120,6 @@ class Stragglers:
         return delay
 
 
-_FREEZER = """
-import os, signal, sys, time
-pid, pause, run = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the finally below always lets pid go on
-try:
-    while True:
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(pause)
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(run)
-except ProcessLookupError:
-    pass
-finally:
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
-"""
-
-
 class Freezer:
     """Freeze a process (this one by default) periodically from a helper process (SIGSTOP, then SIGCONT)."""
 
@@ -150,8 +130,12 @@ class Freezer:
 
         run_s = spec.pause_s * (1.0 - spec.duty) / spec.duty
         target = os.getpid() if pid is None else pid
-        self.process = subprocess.Popen([sys.executable, "-c", _FREEZER, str(target), str(spec.pause_s),
-                                         str(run_s)], stdin=subprocess.DEVNULL)
+        # The helper must import this copy of the package, wherever it was imported from.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self.process = subprocess.Popen([sys.executable, "-m", "psframework.runtime.freezer", str(target),
+                                         str(spec.pause_s), str(run_s)], stdin=subprocess.DEVNULL,
+                                        env=dict(os.environ, PYTHONPATH=path))
 
     def stop(self) -> None:
         """End the freezing (the helper lets this process go on)."""

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from psframework.comm.envelope import Phase
 from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
@@ -48,12 +47,12 @@ PATIENCE_S, PATIENCE_ROUNDS = 1.0, 10.0
 
 def features_envelope(iteration: int) -> Any:
     """Worker -> rank 0: the conv features of the worker's shard."""
-    return Msg.reply(iteration, 0, Phase.FORWARD)
+    return Msg.features(iteration)
 
 
 def feature_grads_envelope(iteration: int) -> Any:
     """Rank 0 -> worker: the gradient of the loss with respect to the worker's features."""
-    return Msg.command(iteration, 0, Phase.BACKWARD)
+    return Msg.feature_grads(iteration)
 
 
 class StanzaServer(DataParallelServer):

@@ -36,7 +36,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def main() -> None:
     roles = setup_roles()
     world = Transport(roles.comm, timeout_s=30.0)
-    n = roles.n_workers
+    n = len(roles.workers)
     assert roles.workers == (1, 2, 3, 4) and roles.is_server == (roles.rank == 0) != roles.is_worker
     if roles.is_worker:
         assert roles.workers_comm.Get_rank() == roles.worker_index == roles.rank - 1
@@ -50,7 +50,7 @@ def main() -> None:
         for it, dtype in rounds + [(len(DTYPES), torch.float32)]:
             for w in roles.workers:
                 world.isend(w, packet(w, it, dtype), down(it))
-        acks = world.gather_first(roles.workers, Envelope(Kind.CONTROL, 99), None)
+        acks = world.post_gather(roles.workers, Envelope(Kind.CONTROL, 99)).wait()
         assert sorted(acks.arrived) == list(roles.workers)
         world.drain(5.0)
         roles.comm.Barrier()
@@ -71,7 +71,6 @@ def main() -> None:
         assert sorted(ex.received.arrived) == list(range(n)) and ex.received.arrived[0] == me
         for p, got in ex.received.data.items():
             assert same_bits(got, packet(world_of[p], it, dtype)), (it, dtype, p)
-        ex.wait_sends()
 
     # 2. first k of n among workers: the last worker forwards late; the others need k = 2 packets
     it = len(DTYPES)
