@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, List, Optional, Sequence
 
 from psframework import environment
-from psframework.codes.base import check_int
+from psframework.codes.checks import check_int
 
 ENV_VAR = environment.DECODE_THREADS
 MAX_DEFAULT_THREADS = 4
