@@ -82,7 +82,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     """
     from psframework.comm import Transport, setup_roles
     from psframework.comm.roles import shard_roles
-    from psframework.comm.transport import auto_poll_sleep
+    from psframework.comm.polling import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
     from psframework.runtime.memory import keep_freed_memory
