@@ -28,12 +28,12 @@ def train_module(model: nn.Module, config: Optional[str] = None, overrides: Sequ
         raise ConfigError(f"train_module: got a {type(model).__name__}, expected a torch.nn.Module")
     name = give(model)
     cfg = load_config(config, [*overrides, f"model.name={name}", "model.args={}"])
-    from psframework.cli import _world
     from psframework.schemes import train
+    from psframework.runtime.world import mpi_world
     from psframework.schemes.startup import RunEnds
     from psframework.settings import make_settings
 
-    rank, size, world = _world()
+    rank, size, world = mpi_world()
     comm = world if comm is None else comm
     settings = make_settings(cfg, world_size=size if comm is None else comm.Get_size())
     try:

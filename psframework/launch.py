@@ -128,7 +128,7 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
         return None, args
     from psframework.config import ConfigError, load_config
     from psframework.schemes.registry import world_size_of
-    from psframework.sweep import point_arguments
+    from psframework.sweepindex import point_arguments
 
     try:
         config, overrides = point_arguments(args[1], [a for a in args[2:] if "=" in a], env)
