@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.cliparse import EXIT_USAGE, Parser
-from psframework.config import ConfigError, dump_config, load_config
+from psframework.config import ConfigError, dump_config
 from psframework.data import DatasetError
 from psframework.runtime.world import mpi_world
-from psframework.settings import make_settings
+from psframework.schemes.validate import load_run, make_settings
 from psframework.sweepindex import point_arguments
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         config, overrides = point_arguments(args.config, args.overrides)
-        settings = make_settings(load_config(config, overrides), world_size=size)
+        settings = make_settings(load_run(config, overrides), world_size=size)
     except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
         return _end_cleanly(comm, _fail(str(exc), rank))
@@ -119,7 +119,7 @@ def last_checkpoint(run_dir: str) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_run(args.config, args.overrides)
         settings = make_settings(cfg, world_size=args.world_size)
         if args.machine:
             from psframework.schemes.preflight import SERVER, WORKER, check_machine, check_memory
@@ -148,7 +148,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     try:
         from psframework.schemes.model_info import model_info
 
-        lines = model_info(load_config(args.config, args.overrides))
+        lines = model_info(load_run(args.config, args.overrides))
     except ConfigError as exc:
         return _fail(str(exc))
     print("\n".join(lines))

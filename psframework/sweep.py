@@ -18,7 +18,8 @@ import time
 from typing import Dict, List, Sequence
 
 from psframework.cliparse import Parser
-from psframework.config import ConfigError, load_config
+from psframework.errors import ConfigError
+from psframework.schemes.validate import load_run
 from psframework.sweepindex import Point, Sweep, write_index
 
 DEFAULT_TEMPLATE = os.path.join("jobs", "single-node.sbatch")
@@ -47,7 +48,7 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
     """Expand the grid (times the repeats) into points, each checked as a full config; raise ConfigError."""
     from psframework.schemes.registry import world_size_of
 
-    base = load_config(config, overrides)
+    base = load_run(config, overrides)
     sweep = Sweep(name, os.path.abspath(config), list(overrides), grid, repeat)
     combos = itertools.product(*[[f"{k}={v}" for v in values] for k, values in grid.items()]) if grid else [()]
     for combo in combos:
@@ -55,7 +56,7 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
             seeds = [] if repeat == 1 else [f"train.seed={base.train.seed + r}", f"data.seed={base.data.seed + r}"]
             point = list(combo) + seeds
             try:
-                cfg = load_config(config, overrides + point)
+                cfg = load_run(config, overrides + point)
             except ConfigError as exc:
                 raise ConfigError(f"psf sweep: point {point_name(point)}: {exc}") from None
             world = world_size_of(cfg)
@@ -148,7 +149,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if args.repeat < 1:
             raise ConfigError(f"psf sweep: --repeat: got {args.repeat}, expected a positive number of runs")
-        name = args.name or f"{load_config(args.config, args.overrides + extra).name}-sweep"
+        name = args.name or f"{load_run(args.config, args.overrides + extra).name}-sweep"
         sweep = plan_sweep(args.config, args.overrides + extra, parse_grid(args.grid), args.repeat, name)
         sweep_dir = os.path.join(args.out, name)
         index = write_index(sweep_dir, sweep)
