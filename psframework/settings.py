@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 from psframework.config import Config, DataConfig, ModelConfig, dump_config
 from psframework.errors import ConfigError
 from psframework.runtime.stragglers import StragglerSpec
+from psframework.runtime.transport_settings import TransportSettings
 
 
 @dataclass(frozen=True)
@@ -26,22 +27,6 @@ class CodeSettings:
     symbol_size: int = 1
     nodes: str = "chebyshev"
     subsets: str = "first"  # "first": decode from the first k replies; "rotate": every k-subset in turn
-
-
-@dataclass(frozen=True)
-class TransportSettings:
-    """How ranks move tensors: watchdog, CUDA-awareness, threads, emulated links, dissemination."""
-
-    timeout_s: float = 120.0
-    cuda_aware: str = "auto"
-    threads: int = 0
-    bandwidth_gbps: Optional[float] = None
-    latency_us: float = 0.0
-    dissemination: str = "direct"
-    window: int = 4
-    detach_after: int = 2
-    progress_thread: str = "auto"
-    emulated_ranks: str = "all"  # whose links are emulated: "all" or "servers"
 
 
 @dataclass(frozen=True)

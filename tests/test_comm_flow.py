@@ -12,7 +12,7 @@ from psframework.comm import Envelope, Kind, Transport
 from psframework.runtime.node import Node
 from psframework.runtime.stragglers import Freezer, StragglerSpec, Stragglers, start_freezer
 from psframework.runtime.threads import ThreadPlan
-from psframework.settings import TransportSettings
+from psframework.runtime.transport_settings import TransportSettings
 
 
 def envelope(iteration: int) -> Envelope:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
-from psframework.settings import TransportSettings
+from psframework.runtime.transport_settings import TransportSettings
 
 
 @dataclass
