@@ -20,11 +20,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from psframework.config import load_config  # noqa: E402
 from psframework.schemes.common import build_problem, iteration_plan  # noqa: E402
 from psframework.schemes.driver import Problem  # noqa: E402
 from psframework.schemes.reference import ReferenceTrainer  # noqa: E402
-from psframework.settings import make_settings  # noqa: E402
+from psframework.schemes.validate import load_run, make_settings  # noqa: E402
 
 
 def train(settings, iterations: int, eps: float):
@@ -47,7 +46,7 @@ def main() -> int:
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    settings = make_settings(load_config(args.config, ["scheme=reference", *args.overrides]))
+    settings = make_settings(load_run(args.config, ["scheme=reference", *args.overrides]))
     base, base_state = train(settings, args.iterations, 0.0)
     moved, moved_state = train(settings, args.iterations, args.eps)
     for i, (a, b) in enumerate(zip(base, moved), 1):

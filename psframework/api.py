@@ -13,8 +13,9 @@ from typing import Any, Dict, Optional, Sequence
 
 from torch import nn
 
-from psframework.config import ConfigError, load_config
+from psframework.errors import ConfigError
 from psframework.models.zoo import GIVEN_PREFIX, give
+from psframework.schemes.validate import load_run, make_settings
 
 
 def train_module(model: nn.Module, config: Optional[str] = None, overrides: Sequence[str] = (),
@@ -27,13 +28,12 @@ def train_module(model: nn.Module, config: Optional[str] = None, overrides: Sequ
     if not isinstance(model, nn.Module):
         raise ConfigError(f"train_module: got a {type(model).__name__}, expected a torch.nn.Module")
     name = give(model)
-    cfg = load_config(config, [*overrides, f"model.name={name}", "model.args={}"])
-    from psframework.cli import _world
+    cfg = load_run(config, [*overrides, f"model.name={name}", "model.args={}"])
     from psframework.schemes import train
+    from psframework.runtime.world import mpi_world
     from psframework.schemes.startup import RunEnds
-    from psframework.settings import make_settings
 
-    rank, size, world = _world()
+    rank, size, world = mpi_world()
     comm = world if comm is None else comm
     settings = make_settings(cfg, world_size=size if comm is None else comm.Get_size())
     try:

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import faulthandler
 import importlib
 import os
 import sys
-import typing
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from psframework import __version__, environment
-from psframework.config import ConfigError, dump_config, load_config
+from psframework.cliparse import EXIT_USAGE, Parser
+from psframework.config import ConfigError, dump_config
 from psframework.data import DatasetError
-from psframework.settings import make_settings
+from psframework.runtime.world import mpi_world
+from psframework.schemes.validate import load_run, make_settings
+from psframework.sweepindex import point_arguments
 
 if TYPE_CHECKING:
     from psframework.runtime.preempt import Preempted
 
-EXIT_USAGE = 2
 EXIT_FAILURE = 1
 BENCHMARKS = {
     "codec": "psframework.bench.codec",
@@ -31,37 +30,6 @@ BENCHMARKS = {
 }
 
 OWN_PARSERS = {"sweep": "psframework.sweep", "report": "psframework.report"}
-
-
-def _world() -> tuple:
-    """Return (rank, size, comm) of the MPI job, or (0, 1, None) when MPI is not running."""
-    if "mpi4py" not in sys.modules and not environment.launched_by_mpi():
-        return 0, 1, None
-    with _init_watchdog():
-        from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    return comm.Get_rank(), comm.Get_size(), comm
-
-
-@contextlib.contextmanager
-def _init_watchdog() -> Iterator[None]:
-    """Bound the wait in MPI_Init (PSF_MPI_INIT_TIMEOUT_S) when MPI is not initialised yet.
-
-    MPI_Init holds the interpreter while it waits for the other ranks: faulthandler's C-level watchdog
-    turns a start-up that never completes into a traceback and exit status 1 instead of a silent hang.
-    """
-    timeout_s = environment.mpi_init_timeout_s()
-    armed = "mpi4py.MPI" not in sys.modules
-    if armed:
-        try:
-            faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.__stderr__)
-        except (ValueError, OSError, AttributeError):  # no standard error with a file descriptor
-            armed = False
-    try:
-        yield
-    finally:
-        if armed:
-            faulthandler.cancel_dump_traceback_later()
 
 
 def _fail(message: str, rank: int = 0) -> int:
@@ -85,14 +53,12 @@ def _end_cleanly(comm: object, status: int) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     try:
-        rank, size, comm = _world()
+        rank, size, comm = mpi_world()
     except ValueError as exc:  # a malformed environment variable, named in the message
         return _fail(str(exc))
     try:
-        from psframework.sweep import point_arguments
-
         config, overrides = point_arguments(args.config, args.overrides)
-        settings = make_settings(load_config(config, overrides), world_size=size)
+        settings = make_settings(load_run(config, overrides), world_size=size)
     except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
         return _end_cleanly(comm, _fail(str(exc), rank))
@@ -153,7 +119,7 @@ def last_checkpoint(run_dir: str) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_run(args.config, args.overrides)
         settings = make_settings(cfg, world_size=args.world_size)
         if args.machine:
             from psframework.schemes.preflight import SERVER, WORKER, check_machine, check_memory
@@ -182,7 +148,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     try:
         from psframework.schemes.model_info import model_info
 
-        lines = model_info(load_config(args.config, args.overrides))
+        lines = model_info(load_run(args.config, args.overrides))
     except ConfigError as exc:
         return _fail(str(exc))
     print("\n".join(lines))
@@ -210,13 +176,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from psframework import report
 
     return int(report.main(args.rest) or 0)
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line, like every other psf error."""
-
-    def error(self, message: str) -> "typing.NoReturn":
-        self.exit(EXIT_USAGE, f"psf: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

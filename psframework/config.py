@@ -1,4 +1,9 @@
-"""Typed experiment configuration: YAML files, dotted overrides, validation."""
+"""Typed experiment configuration: YAML files, dotted overrides and the checks of each value on its own.
+
+The rules that need more than the config (the scheme's, the straggler model's, the preemption
+signal, whether the scheme can place the model) are checked by psframework.schemes.validate, which
+every command reads a config through (`load_run`).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ from psframework.errors import ConfigError
 
 FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
-LINEAR_OPTIMIZERS = ("sgd",)
 
 
 SEED_MAX = 2**32 - 1
@@ -305,37 +309,24 @@ def parse_override(text: str) -> tuple:
 
 # ---------------------------------------------------------------- validation
 
-def _is_signal(name: str) -> bool:
-    """Return whether `name` is "none" or a signal a process can catch."""
-    from psframework.runtime.preempt import signal_number
-
-    try:
-        return name.lower() == "none" or signal_number(name) > 0
-    except ValueError:
-        return False
-
-
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
 
 
 def validate(cfg: Config) -> Config:
-    """Check cross-field constraints; raise ConfigError naming the bad value (the world size is checked later,
-    where the config becomes settings: psframework.settings.make_settings)."""
-    from psframework.schemes.registry import get_scheme
+    """Check each value and the rules among values of the config alone; raise ConfigError naming the bad value.
 
+    psframework.schemes.validate.validate_run checks the rest, and make_settings the world size.
+    """
     _require(cfg.name != "" and "/" not in cfg.name and cfg.name not in (".", ".."),
              f"name: got {cfg.name!r}, expected a non-empty name without '/'")
-    scheme = get_scheme(cfg.scheme)
     _check_train(cfg.train)
     _check_code(cfg.code)
-    _check_scheme(cfg, scheme)
     _check_comm(cfg.comm)
     _check_model(cfg.model)
     _check_data(cfg.data)
     _check_bounds(cfg)
-    _check_geometry(cfg)
     return cfg
 
 
@@ -375,16 +366,6 @@ def _check_bounds(cfg: Config) -> None:
             _require(lo <= v <= hi, f"{key}: got {v}, expected {lo}..{hi}")
 
 
-def _check_geometry(cfg: Config) -> None:
-    """Build the model on torch's meta device (no memory) and check that the scheme can place it."""
-    from psframework.schemes.common import check_model
-
-    try:
-        check_model(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def _check_train(t: TrainConfig) -> None:
     _require(t.epochs > 0, f"train.epochs: got {t.epochs}, expected a positive integer")
     _require(t.max_iterations is None or t.max_iterations > 0,
@@ -398,8 +379,6 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.verify_every >= 0, f"train.verify_every: got {t.verify_every}, expected >= 0 (0 = never)")
     _require(t.checkpoint_every >= 0,
              f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
-    _require(_is_signal(t.preempt_signal), f"train.preempt_signal: got {t.preempt_signal!r}, expected a signal "
-             "name such as USR2, USR1, INT or HUP (TERM is always caught), or none")
     _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
     _require(t.servers >= 1, f"train.servers: got {t.servers}, expected a positive number of server ranks")
 
@@ -409,84 +388,6 @@ def _check_code(c: CodeConfig) -> None:
     _require(c.n >= 1, f"code.n: got {c.n}, expected n >= 1")
     _require(c.k <= c.n, f"code.k: got k={c.k} > n={c.n}, expected k <= n")
     _require(c.symbol_channels >= 1, f"code.symbol_channels: got {c.symbol_channels}, expected >= 1")
-
-
-def _check_scheme(cfg: Config, scheme: Any) -> None:
-    """Check the rules that follow from how the scheme works (its registry entry)."""
-    c, t, s = cfg.code, cfg.train, cfg.stragglers
-    if scheme.k_equals_n:
-        _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme {scheme.name} needs k = n")
-    if scheme.linear_conv_optimizer:
-        _require(t.optimizer in LINEAR_OPTIMIZERS,
-                 f"train.optimizer: got {t.optimizer!r} for scheme {scheme.name}; coded conv layers need a "
-                 "linear optimizer (sgd with momentum/nesterov/weight_decay) so that the coded weight "
-                 "copies stay consistent")
-    if t.backup_workers:
-        _require(scheme.backup_workers,
-                 f"train.backup_workers: got {t.backup_workers} for scheme {scheme.name}; backup workers belong "
-                 "to the data-parallel schemes, coded schemes tolerate n-k stragglers through code.k")
-        if scheme.shards_parameters and t.servers > 1:
-            workers, who = c.n * t.servers, f"{c.n * t.servers} workers (train.servers={t.servers} x code.n={c.n})"
-        else:
-            workers, who = c.n, f"code.n={c.n}"
-        _require(t.backup_workers < workers,
-                 f"train.backup_workers: got {t.backup_workers} with {who}, expected 0 <= backup_workers < "
-                 f"{'n' if workers == c.n else workers} (at least one worker's result is needed each round)")
-    if scheme.shards_batch:
-        workers = c.n * t.servers
-        who = (f"code.n={c.n} workers" if t.servers == 1
-               else f"{workers} workers (train.servers={t.servers} x code.n={c.n})")
-        _require(cfg.data.batch_size >= workers,
-                 f"data.batch_size: got {cfg.data.batch_size} with {who}, expected at least one "
-                 f"sample per worker (batch_size >= {workers}); shards differ by at most one sample when the "
-                 "workers do not divide it")
-    _check_servers(cfg, scheme)
-    if scheme.mpi:
-        workers = worker_ranks(c.n, t.servers)
-        for r in s.ranks:
-            _require(r in workers, f"stragglers.ranks: got rank {r}, expected worker ranks {describe_ranks(workers)}")
-        _require(s.count <= len(workers), f"stragglers.count: got {s.count}, expected <= {len(workers)} workers")
-    from psframework.settings import straggler_spec
-
-    straggler_spec(cfg)  # the straggler model checks its own parameters
-
-
-def worker_ranks(n: int, servers: int) -> list:
-    """Return the world ranks of the workers: G groups of one server and n workers, servers at g*(n+1)."""
-    return [g * (n + 1) + 1 + j for g in range(servers) for j in range(n)]
-
-
-def describe_ranks(ranks: Sequence[int]) -> str:
-    """Return ranks as short text: 1..4, or 1..3, 5..7 for several groups."""
-    runs: List[List[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in runs)
-
-
-def _check_servers(cfg: Config, scheme: Any) -> None:
-    """Check train.servers against the scheme: several servers need an MPI scheme and enough batch."""
-    g = cfg.train.servers
-    if g == 1:
-        return
-    _require(scheme.mpi, f"train.servers: got {g} for scheme {scheme.name}, which runs in one process; "
-             "expected 1 (several servers belong to the MPI schemes)")
-    _require(cfg.data.batch_size >= g, f"data.batch_size: got {cfg.data.batch_size} with train.servers={g}, "
-             f"expected at least one sample per server (batch_size >= {g})")
-    if scheme.workers_sum_across_groups and not scheme.coded:
-        _require(cfg.train.backup_workers == 0, f"train.backup_workers: got {cfg.train.backup_workers} with "
-                 f"train.servers={g}; scheme {scheme.name}'s workers sum their conv gradients over every worker "
-                 "each iteration, so every worker is needed (backup workers need train.servers=1)")
-        _require(cfg.train.optimizer == "sgd", f"train.optimizer: got {cfg.train.optimizer!r} with train.servers={g};"
-                 f" scheme {scheme.name}'s workers step the conv stack themselves with sgd (head_optimizer may differ)")
-    if scheme.shards_parameters:
-        for key in ("optimizer", "head_optimizer"):
-            value = getattr(cfg.train, key)
-            _require(value in (None, "sgd"), f"train.{key}: got {value!r} with train.servers={g}; scheme "
-                     f"{scheme.name}'s servers step their parameter shards with sgd")
 
 
 def _check_comm(c: CommConfig) -> None:
@@ -564,7 +465,8 @@ def read_config_file(path: str) -> dict:
 
 
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
-    """Load a YAML experiment, apply `key=value` overrides and validate it."""
+    """Load a YAML experiment, apply `key=value` overrides and check its values (psframework.schemes.validate.load_run
+    also checks it against its scheme)."""
     tree: dict = read_config_file(path) if path is not None else {}
     for text in overrides:
         key, value = parse_override(text)

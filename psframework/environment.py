@@ -147,6 +147,14 @@ def cpus_on_node(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     return int_var(CPUS_ON_NODE, environ)
 
 
+def usable_cores() -> int:
+    """Return how many cores this process may run on (its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def cuda_visible_devices(environ: Optional[Mapping[str, str]] = None) -> str:
     """Return CUDA_VISIBLE_DEVICES as set ('' when unset)."""
     return _view(environ).get(CUDA_VISIBLE_DEVICES, "")

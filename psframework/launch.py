@@ -126,13 +126,14 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
     args = list(psf_args)
     if not args or args[0] != "train" or len(args) < 2:
         return None, args
-    from psframework.config import ConfigError, load_config
+    from psframework.errors import ConfigError
     from psframework.schemes.registry import world_size_of
-    from psframework.sweep import point_arguments
+    from psframework.schemes.validate import load_run
+    from psframework.sweepindex import point_arguments
 
     try:
         config, overrides = point_arguments(args[1], [a for a in args[2:] if "=" in a], env)
-        cfg = load_config(config, overrides)
+        cfg = load_run(config, overrides)
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
     if env.get("SLURM_RESTART_COUNT", "0") not in ("", "0") and not any(a.startswith("train.resume=") for a in args):

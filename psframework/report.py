@@ -21,10 +21,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from psframework.cliparse import EXIT_USAGE, Parser
 from psframework.fileio import atomic_write, atomic_write_text
 
 PROG = "psf report"
-EXIT_USAGE = 2
 PLOT_HINT = "pip install 'psframework[plot]' installs it"
 EXPECTED = "expected a run directory (with config.yaml) or a sweep directory (with sweep.json)"
 SWEEP_EXPECTED = "the sweep.json that psf sweep writes"
@@ -740,8 +740,6 @@ def render_csv(runs: Sequence[Run]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of psf report."""
-    from psframework.cli import Parser
-
     parser = Parser(prog=PROG, description="Write a Markdown report (report.md) with PNG plots and a CSV of "
                     "every run's summary (runs.csv) for run and sweep directories.")
     parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR",

@@ -1,7 +1,8 @@
 """The one settings boundary: a checked Config becomes small typed settings objects.
 
 Everything below the command line (schemes, driver, codes, comm, runtime) works from these objects,
-never from the Config itself. `code.n` is checked against the communicator here, once.
+never from the Config itself. psframework.schemes.validate.make_settings checks `code.n` against the
+communicator, once, and builds them with the scheme's code (`build_settings`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from psframework.config import Config, ConfigError, DataConfig, ModelConfig, dump_config
+from psframework.config import Config, DataConfig, ModelConfig, dump_config
+from psframework.errors import ConfigError
 from psframework.runtime.stragglers import StragglerSpec
+from psframework.runtime.transport_settings import TransportSettings
 
 
 @dataclass(frozen=True)
@@ -24,22 +27,6 @@ class CodeSettings:
     symbol_size: int = 1
     nodes: str = "chebyshev"
     subsets: str = "first"  # "first": decode from the first k replies; "rotate": every k-subset in turn
-
-
-@dataclass(frozen=True)
-class TransportSettings:
-    """How ranks move tensors: watchdog, CUDA-awareness, threads, emulated links, dissemination."""
-
-    timeout_s: float = 120.0
-    cuda_aware: str = "auto"
-    threads: int = 0
-    bandwidth_gbps: Optional[float] = None
-    latency_us: float = 0.0
-    dissemination: str = "direct"
-    window: int = 4
-    detach_after: int = 2
-    progress_thread: str = "auto"
-    emulated_ranks: str = "all"  # whose links are emulated: "all" or "servers"
 
 
 @dataclass(frozen=True)
@@ -98,12 +85,10 @@ class Settings:
         return dump_config(self.config)
 
 
-def code_settings(cfg: Config) -> CodeSettings:
-    """Return the code settings of a config (kind from the scheme registry)."""
-    from psframework.schemes.registry import get_scheme
-
+def code_settings(cfg: Config, kind: Optional[str]) -> CodeSettings:
+    """Return the code settings of a config; `kind` is its scheme's code (the registry entry's)."""
     c = cfg.code
-    return CodeSettings(get_scheme(cfg.scheme).code, c.n, c.k, c.systematic, c.symbol_channels, c.nodes, c.subsets)
+    return CodeSettings(kind, c.n, c.k, c.systematic, c.symbol_channels, c.nodes, c.subsets)
 
 
 def straggler_spec(cfg: Config) -> StragglerSpec:
@@ -116,12 +101,8 @@ def straggler_spec(cfg: Config) -> StragglerSpec:
         raise ConfigError(str(exc)) from None
 
 
-def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
-    """Turn a validated Config into Settings; check n against the communicator's size if given."""
-    from psframework.schemes.registry import get_scheme
-
-    if world_size is not None:
-        get_scheme(cfg.scheme).check_world(cfg.code.n, world_size, cfg.train.servers)
+def build_settings(cfg: Config, code: Optional[str]) -> Settings:
+    """Turn a validated Config into Settings; `code` is its scheme's code kind (None: no code)."""
     t, c = cfg.train, cfg.comm
     run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
@@ -131,5 +112,5 @@ def make_settings(cfg: Config, world_size: Optional[int] = None) -> Settings:
                                   c.progress_thread, c.emulate.ranks)
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
                           t.lr_schedule, t.seed)
-    return Settings(run, code_settings(cfg), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
+    return Settings(run, code_settings(cfg, code), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
                     cfg.device, cfg.to_dict())

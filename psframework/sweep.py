@@ -10,44 +10,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence
 
-from psframework.config import ConfigError, load_config
-from psframework.fileio import atomic_write_json
+from psframework.cliparse import Parser
+from psframework.errors import ConfigError
+from psframework.schemes.validate import load_run
+from psframework.sweepindex import Point, Sweep, write_index
 
-INDEX = "sweep.json"
-POINT_VARIABLES = ("PSF_SWEEP_POINT", "SLURM_ARRAY_TASK_ID")  # which point `psf train sweep.json` runs
 DEFAULT_TEMPLATE = os.path.join("jobs", "single-node.sbatch")
-
-
-@dataclass
-class Point:
-    """One run of a sweep: its overrides, its directory (relative to the sweep's) and its MPI world size."""
-
-    name: str
-    overrides: List[str]
-    seed: Optional[int]
-    dir: str
-    world_size: int
-
-
-@dataclass
-class Sweep:
-    """A sweep's index: the config, the overrides every point shares, the grid and its points."""
-
-    sweep: str
-    config: str
-    overrides: List[str]
-    grid: Dict[str, List[str]]
-    repeat: int
-    points: List[Point] = field(default_factory=list)
 
 
 def parse_grid(items: Sequence[str]) -> Dict[str, List[str]]:
@@ -73,7 +48,7 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
     """Expand the grid (times the repeats) into points, each checked as a full config; raise ConfigError."""
     from psframework.schemes.registry import world_size_of
 
-    base = load_config(config, overrides)
+    base = load_run(config, overrides)
     sweep = Sweep(name, os.path.abspath(config), list(overrides), grid, repeat)
     combos = itertools.product(*[[f"{k}={v}" for v in values] for k, values in grid.items()]) if grid else [()]
     for combo in combos:
@@ -81,7 +56,7 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
             seeds = [] if repeat == 1 else [f"train.seed={base.train.seed + r}", f"data.seed={base.data.seed + r}"]
             point = list(combo) + seeds
             try:
-                cfg = load_config(config, overrides + point)
+                cfg = load_run(config, overrides + point)
             except ConfigError as exc:
                 raise ConfigError(f"psf sweep: point {point_name(point)}: {exc}") from None
             world = world_size_of(cfg)
@@ -90,51 +65,9 @@ def plan_sweep(config: str, overrides: List[str], grid: Dict[str, List[str]], re
     return sweep
 
 
-def read_sweep(path: str) -> Sweep:
-    """Read a sweep index; raise ConfigError naming the file when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-        points = [Point(**p) for p in raw.pop("points")]
-        return Sweep(**raw, points=points)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ConfigError(f"{path}: not a sweep index psf sweep wrote ({type(exc).__name__}: {exc})") from None
-
-
-def point_arguments(config: str, overrides: Sequence[str],
-                    env: Mapping[str, str] = os.environ) -> Tuple[str, List[str]]:
-    """Return (config, overrides) of a `psf train` call: a sweep index runs the point its environment names."""
-    if os.path.basename(config) != INDEX:
-        return config, list(overrides)
-    sweep = read_sweep(config)
-    chosen = next((env[v] for v in POINT_VARIABLES if env.get(v)), None)
-    if chosen is None:
-        raise ConfigError(f"{config}: a sweep index runs one point: set PSF_SWEEP_POINT (or run it as a Slurm "
-                          f"array task) to 0..{len(sweep.points) - 1}")
-    if not chosen.isdigit() or int(chosen) >= len(sweep.points):
-        raise ConfigError(f"{config}: point {chosen!r} does not exist, expected 0..{len(sweep.points) - 1}")
-    point = sweep.points[int(chosen)]
-    where = [f"output.dir={os.path.dirname(os.path.abspath(config))}", f"name={point.dir}", "train.resume=auto"]
-    return sweep.config, sweep.overrides + point.overrides + where + list(overrides)
-
-
 def finished(sweep_dir: str, point: Point) -> bool:
     """Return whether a point's run finished (its summary is written)."""
     return os.path.exists(os.path.join(sweep_dir, point.dir, "summary.json"))
-
-
-def write_index(sweep_dir: str, sweep: Sweep) -> str:
-    """Write (or keep) the sweep's index; raise ConfigError if the directory holds another sweep."""
-    path = os.path.join(sweep_dir, INDEX)
-    if os.path.exists(path):
-        old = read_sweep(path)
-        if asdict(old) != asdict(sweep):
-            raise ConfigError(f"psf sweep: {sweep_dir} holds a sweep of other settings (config, overrides or grid); "
-                              "choose another --name or remove it")
-        return path
-    os.makedirs(sweep_dir, exist_ok=True)
-    atomic_write_json(path, asdict(sweep))
-    return path
 
 
 def run_locally(index: str, sweep: Sweep, todo: List[int]) -> int:
@@ -190,8 +123,6 @@ def submit(index: str, sweep: Sweep, todo: List[int], template: str, sbatch_args
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser of `psf sweep`."""
-    from psframework.cli import Parser
-
     p = Parser(prog="psf sweep", description="run a grid of overrides over one config, locally or as a Slurm "
                "job array; results go to OUT/NAME/POINT/ with the index OUT/NAME/sweep.json")
     p.add_argument("config", help="YAML experiment file")
@@ -218,7 +149,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if args.repeat < 1:
             raise ConfigError(f"psf sweep: --repeat: got {args.repeat}, expected a positive number of runs")
-        name = args.name or f"{load_config(args.config, args.overrides + extra).name}-sweep"
+        name = args.name or f"{load_run(args.config, args.overrides + extra).name}-sweep"
         sweep = plan_sweep(args.config, args.overrides + extra, parse_grid(args.grid), args.repeat, name)
         sweep_dir = os.path.join(args.out, name)
         index = write_index(sweep_dir, sweep)

@@ -9,12 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from psframework.codes import PolyCode, SAZDCode, UncodedCode
-from psframework.config import load_config
 from psframework.models import build_model, input_size_of, place, split_parameters
 from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, encode_worker_weights
 from psframework.schemes.coded_layers import layer_codings
 from psframework.schemes.common import conv_optimizer, head_optimizer, make_optimizer
-from psframework.settings import make_settings
+from psframework.schemes.validate import load_run, make_settings
 
 
 class LocalExchange:
@@ -48,7 +47,7 @@ class LocalExchange:
 
 def train_both(code, overrides, iterations=12, model_fn=None, size=None, channels=3):
     """Train the reference and the coded server side by side on random batches; return both and the workers."""
-    cfg = load_config(None, ["train.momentum=0.9", "train.weight_decay=0.001", "train.lr=0.05"] + overrides)
+    cfg = load_run(None, ["train.momentum=0.9", "train.weight_decay=0.001", "train.lr=0.05"] + overrides)
     build = model_fn or (lambda: build_model(cfg.model, 3, 10))
     torch.manual_seed(0)
     reference = build()

@@ -12,7 +12,7 @@ from psframework.comm import Envelope, Kind, Transport
 from psframework.runtime.node import Node
 from psframework.runtime.stragglers import Freezer, StragglerSpec, Stragglers, start_freezer
 from psframework.runtime.threads import ThreadPlan
-from psframework.settings import TransportSettings
+from psframework.runtime.transport_settings import TransportSettings
 
 
 def envelope(iteration: int) -> Envelope:
@@ -63,11 +63,11 @@ def test_an_unpaced_transport_posts_everything_at_once():
 
 
 def test_a_deadline_does_not_count_time_this_process_was_stopped(monkeypatch):
-    from psframework.comm import transport
+    from psframework.comm import polling
 
     clock = [100.0]
-    monkeypatch.setattr(transport.time, "monotonic", lambda: clock[0])
-    deadline = transport.Deadline(5.0)
+    monkeypatch.setattr(polling.time, "monotonic", lambda: clock[0])
+    deadline = polling.Deadline(5.0)
     for _ in range(40):  # polls every 0.1 s: 4 s of waiting
         clock[0] += 0.1
         assert not deadline.passed()
@@ -78,7 +78,7 @@ def test_a_deadline_does_not_count_time_this_process_was_stopped(monkeypatch):
         assert not deadline.passed()
     clock[0] += 0.15
     assert deadline.passed()
-    assert not transport.Deadline(None).passed()
+    assert not polling.Deadline(None).passed()
 
 
 def test_bad_windows_are_named():

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from psframework.cli import main
-from psframework.config import Config, ConfigError, dump_config, load_config
+from psframework.config import Config, ConfigError, dump_config
 from psframework.schemes.registry import get_scheme
-from psframework.settings import make_settings
+from psframework.schemes.validate import load_run, make_settings
 
 
 def write(tmp_path, text: str) -> str:
@@ -19,47 +19,47 @@ def write(tmp_path, text: str) -> str:
 
 
 def test_defaults_and_shipped_configs_validate(configs_dir, tmp_path):
-    cfg = load_config(None)
+    cfg = load_run(None)
     assert isinstance(cfg, Config) and cfg.scheme == "reference"
     names = sorted(n for n in os.listdir(configs_dir) if n.endswith(".yaml"))
     assert len(names) >= 9
     for name in names:
         # Configs validate without the dataset files (the machine checks look for them at training time).
-        cfg = load_config(os.path.join(configs_dir, name))
+        cfg = load_run(os.path.join(configs_dir, name))
         make_settings(cfg, world_size=get_scheme(cfg.scheme).world_size(cfg.code.n))
 
 
 def test_overrides_are_typed_and_nested(tmp_path):
     path = write(tmp_path, "train:\n  lr: 0.1\n")
-    cfg = load_config(path, ["train.lr=0.5", "code.n=6", "code.k=4", "stragglers.ranks=[2,3]",
-                             "train.nesterov=true", "output.progress=off", "train.max_iterations=7"])
+    cfg = load_run(path, ["train.lr=0.5", "code.n=6", "code.k=4", "stragglers.ranks=[2,3]",
+                          "train.nesterov=true", "output.progress=off", "train.max_iterations=7"])
     assert cfg.train.lr == 0.5 and cfg.code.n == 6 and cfg.code.k == 4
     assert cfg.stragglers.ranks == [2, 3] and cfg.train.nesterov is True
     assert cfg.output.progress == "off" and cfg.train.max_iterations == 7
 
 
 def test_integer_is_accepted_where_a_number_is_expected():
-    cfg = load_config(None, ["train.lr=1"])
+    cfg = load_run(None, ["train.lr=1"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
 
 
 @pytest.mark.parametrize("text,value", [("1e-3", 1e-3), ("1E-3", 1e-3), ("5e-2", 0.05), ("1.5e-2", 0.015),
                                         ("+2e-1", 0.2), ("0.001", 0.001), ("3", 3.0)])
 def test_numbers_in_every_notation_people_write(tmp_path, text, value):
-    assert load_config(None, [f"train.lr={text}"]).train.lr == value
-    assert load_config(write(tmp_path, f"train:\n  lr: {text}\n")).train.lr == value
+    assert load_run(None, [f"train.lr={text}"]).train.lr == value
+    assert load_run(write(tmp_path, f"train:\n  lr: {text}\n")).train.lr == value
 
 
 def test_integral_numbers_are_accepted_where_an_integer_is_expected(tmp_path):
-    cfg = load_config(write(tmp_path, "train:\n  max_iterations: 5e4\n"), ["data.batch_size=6.4e1"])
+    cfg = load_run(write(tmp_path, "train:\n  max_iterations: 5e4\n"), ["data.batch_size=6.4e1"])
     assert cfg.train.max_iterations == 50000 and isinstance(cfg.train.max_iterations, int)
     assert cfg.data.batch_size == 64
 
 
 def test_dump_round_trips(tmp_path):
-    cfg = load_config(None, ["scheme=sazd", "code.n=5", "code.k=3", "name=abc"])
+    cfg = load_run(None, ["scheme=sazd", "code.n=5", "code.k=3", "name=abc"])
     path = write(tmp_path, dump_config(cfg))
-    assert load_config(path) == cfg
+    assert load_run(path) == cfg
 
 
 BAD = [
@@ -104,7 +104,7 @@ BAD = [
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_bad_inputs_give_clear_errors(overrides, message):
     with pytest.raises(ConfigError) as info:
-        load_config(None, overrides)
+        load_run(None, overrides)
     text = str(info.value)
     assert message in text
     assert "\n" not in text
@@ -112,24 +112,24 @@ def test_bad_inputs_give_clear_errors(overrides, message):
 
 def test_world_size_must_be_n_plus_one():
     with pytest.raises(ConfigError, match=r"world size 4 does not fit code.n=4.*mpiexec -n 5"):
-        make_settings(load_config(None, ["scheme=sazd"]), world_size=4)
-    assert make_settings(load_config(None, ["scheme=sazd"]), world_size=5).code.n == 4
+        make_settings(load_run(None, ["scheme=sazd"]), world_size=4)
+    assert make_settings(load_run(None, ["scheme=sazd"]), world_size=5).code.n == 4
     with pytest.raises(ConfigError, match="scheme reference runs in one process"):
-        make_settings(load_config(None, []), world_size=3)
+        make_settings(load_run(None, []), world_size=3)
     # Started without mpiexec: the only advice is how to launch (no code.n=0 suggestion).
     with pytest.raises(ConfigError, match=r"scheme stanza needs n\+1 = 5 ranks .*launch with mpiexec -n 5$"):
-        make_settings(load_config(None, ["scheme=stanza"]), world_size=1)
+        make_settings(load_run(None, ["scheme=stanza"]), world_size=1)
 
 
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(str(tmp_path / "missing.yaml"))
+        load_run(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config(write(tmp_path, "train: [1, 2\n"))
+        load_run(write(tmp_path, "train: [1, 2\n"))
     with pytest.raises(ConfigError, match=r"line 4: duplicate key 'train' \(first given on line 1\)"):
-        load_config(write(tmp_path, "train:\n  lr: 0.1\nname: x\ntrain:\n  epochs: 2\n"))
+        load_run(write(tmp_path, "train:\n  lr: 0.1\nname: x\ntrain:\n  epochs: 2\n"))
     with pytest.raises(ConfigError, match="expected a mapping of keys at the top level"):
-        load_config(write(tmp_path, "- 1\n- 2\n"))
+        load_run(write(tmp_path, "- 1\n- 2\n"))
 
 
 def test_check_command_prints_config_or_one_error_line(tmp_path, capsys, configs_dir):

@@ -91,4 +91,4 @@ def test_a_rank_that_cannot_start_mpi_gives_up_with_a_traceback(tmp_path):
                                f"{root}/configs/digits_sazd.yaml", f"output.dir={tmp_path}"],
                               env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and time.monotonic() - t0 < 60
-    assert "Timeout (0:00:03)!" in proc.stderr and "in _world" in proc.stderr
+    assert "Timeout (0:00:03)!" in proc.stderr and "in mpi_world" in proc.stderr

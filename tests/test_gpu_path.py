@@ -28,12 +28,11 @@ def test_receive_buffers_are_allocated_on_the_transports_device():
 
 
 def test_the_problem_is_built_on_the_configured_device(monkeypatch):
-    from psframework.config import load_config
     from psframework.schemes import common
-    from psframework.settings import make_settings
+    from psframework.schemes.validate import load_run, make_settings
 
     monkeypatch.setattr(common, "resolve_device", lambda name: torch.device("meta"))
-    dataset, model = common.build_problem(make_settings(load_config(None, ["device=cuda"])))
+    dataset, model = common.build_problem(make_settings(load_run(None, ["device=cuda"])))
     assert dataset.train.images.device.type == "meta" and dataset.test.labels.device.type == "meta"
     assert {p.device.type for p in model.parameters()} == {"meta"}
 

@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+from test_imports import import_graph, imported_names, module_files
 
 from psframework.schemes import scheme_names
 
@@ -25,6 +26,46 @@ def python_files(folder: str = PACKAGE):
 def source(path: str) -> str:
     with open(path, encoding="utf-8") as fh:
         return fh.read()
+
+
+# The package's layers, bottom first: a part (a top-level module, or a subpackage as a whole) imports only
+# parts of the layers below its own. "" is the package's own __init__ (psframework.train_module).
+LAYERS = (
+    ("errors", "environment", "arrays", "fileio", "cliparse"),  # the ground: any layer may import these
+    ("imports", "codes", "comm", "metrics", "rundir", "sweepindex"),
+    ("config", "data", "models"),
+    ("runtime",),
+    ("settings",),
+    ("schemes", "doctor"),
+    ("api", "launch", "report"),
+    ("sweep", "bench", ""),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def part_of(module: str) -> str:
+    """Return the part a module belongs to: the name after psframework. up to the next dot."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    layer = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+    graph = import_graph()
+    unplaced = sorted({part_of(m) for m in graph} - set(layer))
+    assert not unplaced, f"parts on no layer of LAYERS (place each one): {unplaced}"
+    upward = [f"{module} -> {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+              if part_of(target) != part_of(module) and layer[part_of(target)] >= layer[part_of(module)]]
+    assert not upward, "imports of a part on the same or a higher layer:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("package,banned", [("codes", ("mpi4py", "torch.nn")), ("comm", ("torch.nn",))])
+def test_codes_see_no_mpi_and_neither_codes_nor_comm_see_torch_nn(package, banned):
+    for module, path in module_files().items():
+        if module.startswith(f"psframework.{package}"):
+            names = imported_names(module, path)
+            taken = sorted(n for n in names if any(n == b or n.startswith(b + ".") for b in banned))
+            assert not taken, f"{module} imports {taken}"
 
 
 @pytest.mark.parametrize("package", ["codes", "comm"])

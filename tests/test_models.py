@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from psframework.cli import main
-from psframework.config import ConfigError, load_config
+from psframework.config import ConfigError
 from psframework.models import FAMILIES, build_model, input_size_of, place, split_parameters
 from psframework.models.cut import cut_model
+from psframework.schemes.validate import load_run
 
 
 def built(name, *overrides, in_channels=3):
-    cfg = load_config(None, [f"model.name={name}", *overrides])
+    cfg = load_run(None, [f"model.name={name}", *overrides])
     torch.manual_seed(0)
     model = build_model(cfg.model, in_channels, 10)
     size = input_size_of(cfg.model)
@@ -57,11 +58,11 @@ def test_widths_are_configurable_and_checked():
     assert [c.geometry.out_channels for c in placement.coded] == [8, 8, 16, 16]
     assert model.head[-1].in_features == 64
     with pytest.raises(ConfigError, match="model.channels: got 1 values"):
-        load_config(None, ["model.name=vgg-small", "model.channels=[8]"])
+        load_run(None, ["model.name=vgg-small", "model.channels=[8]"])
     with pytest.raises(ConfigError, match="too small"):
-        load_config(None, ["model.name=alexnet-small", "model.input_size=6"])
+        load_run(None, ["model.name=alexnet-small", "model.input_size=6"])
     with pytest.raises(ConfigError, match="model.channels: got 2 widths"):
-        load_config(None, ["model.name=resnet20", "model.channels=[8,8]"])
+        load_run(None, ["model.name=resnet20", "model.channels=[8,8]"])
 
 
 def test_vgg_small_keeps_most_parameters_in_the_head():
@@ -128,7 +129,7 @@ def factory_module(tmp_path, monkeypatch):
 
 
 def test_a_factory_model_gets_the_dataset_shape_and_its_args(factory_module):
-    cfg = load_config(None, [f"model.name={factory_module}:tiny", "model.args={width: 6}"])
+    cfg = load_run(None, [f"model.name={factory_module}:tiny", "model.args={width: 6}"])
     model = build_model(cfg.model, 1, 10)
     assert model.conv.in_channels == 1 and model.conv.out_channels == 6 and model.fc.out_features == 10
 
@@ -146,7 +147,7 @@ def test_a_factory_model_gets_the_dataset_shape_and_its_args(factory_module):
 ])
 def test_bad_models_are_one_line_errors(factory_module, target, overrides, phrase):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"model.name={target.format(m=factory_module)}", "code.n=3", "code.k=2", *overrides])
+        load_run(None, [f"model.name={target.format(m=factory_module)}", "code.n=3", "code.k=2", *overrides])
     assert phrase in str(err.value) and "\n" not in str(err.value)
 
 

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from psframework.cli import main
-from psframework.config import load_config
 from psframework.metrics import RunRecorder
 from psframework.rundir import LOCK_NAME
 from psframework.schemes.driver import events, make_schedule
-from psframework.settings import make_settings
+from psframework.schemes.validate import load_run, make_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = os.path.join(ROOT, "configs", "digits_reference.yaml")
@@ -182,7 +181,7 @@ def test_temporary_files_of_a_killed_write_are_removed_at_start(tmp_path):
 
 def test_the_plan_and_the_metrics_take_constant_memory_in_the_run_length():
     def peak(epochs: int) -> int:
-        settings = make_settings(load_config(None, [f"train.epochs={epochs}"]))
+        settings = make_settings(load_run(None, [f"train.epochs={epochs}"]))
         schedule = make_schedule(settings, 1437)
         tracemalloc.start()
         plan = events(settings, 1437, schedule, with_syncs=True)

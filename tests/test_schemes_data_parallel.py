@@ -148,12 +148,11 @@ def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
     ["scheme=sazd", "code.k=3", "code.subsets=rotate", "comm.dissemination=relay"],
 ], ids=["ps", "stanza", "stanza-bn-uneven", "sazd-direct", "sazd-relay"])
 def test_measured_bytes_match_the_analytic_count(tmp_path, overrides):
-    from psframework.config import load_config
     from psframework.schemes.common import analytic_server_bytes
-    from psframework.settings import make_settings
+    from psframework.schemes.validate import load_run, make_settings
 
     run_dir = train(tmp_path, "train.max_iterations=4", *overrides)
-    sent, received = analytic_server_bytes(make_settings(load_config(CONFIG, overrides)))
+    sent, received = analytic_server_bytes(make_settings(load_run(CONFIG, overrides)))
     for row in rows(run_dir)[1:]:
         assert (row["bytes_sent"], row["bytes_received"]) == (sent, received)
     assert json.loads((run_dir / "summary.json").read_text())["membership"] == []  # no straggler, no detach

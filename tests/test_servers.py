@@ -15,11 +15,11 @@ from mpiutil import describe, run_mpi, run_psf
 from test_preempt import interrupt
 from psframework.cli import main
 from psframework.comm.collective import CollectiveStats
-from psframework.config import ConfigError, load_config
+from psframework.config import ConfigError
 from psframework.schemes.common import meta_model, placement_of
 from psframework.schemes.groups import ServerGroup, part_size, sync_bytes
 from psframework.schemes.registry import SchemeError, get_scheme
-from psframework.settings import make_settings
+from psframework.schemes.validate import load_run, make_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "digits_sazd.yaml")
@@ -52,7 +52,7 @@ class OnePeer:
 
 
 def settings_of(*overrides):
-    return make_settings(load_config(CONFIG, list(overrides)))
+    return make_settings(load_run(CONFIG, list(overrides)))
 
 
 def test_a_group_gets_its_contiguous_part_of_every_batch():
@@ -124,7 +124,7 @@ def test_the_world_is_g_groups_of_a_server_and_n_workers():
 ])
 def test_bad_server_settings_are_one_clear_line(overrides, message):
     with pytest.raises(ConfigError) as err:
-        load_config(CONFIG, overrides)
+        load_run(CONFIG, overrides)
     assert message in str(err.value)
 
 

@@ -10,7 +10,8 @@ import pytest
 from psframework.cli import main
 from psframework.config import ConfigError
 from psframework.launch import LaunchError, cpu_binding, srun_command, srun_mpi_plugin, train_world_size
-from psframework.sweep import parse_grid, plan_sweep, point_arguments
+from psframework.sweep import parse_grid, plan_sweep
+from psframework.sweepindex import point_arguments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "configs", "digits_reference.yaml")
@@ -67,7 +68,7 @@ def test_a_sweep_index_runs_the_point_its_task_names(tmp_path):
     assert parse_grid(["code.k=2,3", "stragglers.factor=1, 4"]) == {"code.k": ["2", "3"],
                                                                     "stragglers.factor": ["1", "4"]}
     sweep = plan_sweep(SAZD, ["train.epochs=1"], parse_grid(["code.k=2,3"]), 1, "s")
-    from psframework.sweep import write_index
+    from psframework.sweepindex import write_index
 
     index = write_index(str(tmp_path / "s"), sweep)
     config, overrides = point_arguments(index, ["output.progress=off"], {"SLURM_ARRAY_TASK_ID": "1"})

@@ -140,8 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Train CONFIG with DDP into RUN_DIR; return the exit status."""
     from mpi4py import MPI
 
-    from psframework.config import ConfigError, load_config
-    from psframework.settings import make_settings
+    from psframework.errors import ConfigError
+    from psframework.schemes.validate import load_run, make_settings
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
@@ -151,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config, run_dir, overrides = args[0], args[1], args[2:]
     comm = MPI.COMM_WORLD
     try:
-        settings = make_settings(load_config(config, list(overrides) + ["scheme=reference"]))
+        settings = make_settings(load_run(config, list(overrides) + ["scheme=reference"]))
     except ConfigError as exc:
         if comm.Get_rank() == 0:
             print(f"psf: error: {exc}", file=sys.stderr)

@@ -147,9 +147,9 @@ def _filled(spec: casefile.CaseFile, case: casefile.CaseSpec, text: str, resolve
 
 def setting(config: str, overrides: Sequence[str]) -> Dict[str, Any]:
     """Return what a case trains: scheme, model, data, workers, links and stragglers of its resolved config."""
-    from psframework.config import load_config
+    from psframework.schemes.validate import load_run
 
-    return setting_of(load_config(config, overrides))
+    return setting_of(load_run(config, overrides))
 
 
 def setting_of(cfg: Any) -> Dict[str, Any]:
@@ -177,10 +177,10 @@ def setting_of(cfg: Any) -> Dict[str, Any]:
 
 def case_inputs(case: Case, extra: Sequence[str]) -> Dict[str, Any]:
     """Return what a case ran with: role, config, MPI ranks, its own overrides and the resolved setting."""
-    from psframework.config import load_config
     from psframework.schemes.registry import world_size_of
+    from psframework.schemes.validate import load_run
 
-    cfg = load_config(case.config, list(case.overrides) + list(extra))
+    cfg = load_run(case.config, list(case.overrides) + list(extra))
     return {"role": case.role, "config": case.config, "ranks": world_size_of(cfg),
             "overrides": list(case.overrides), "setting": setting_of(cfg)}
 

@@ -20,12 +20,11 @@ from psframework.bench.runs import TrainingBenchmark, header, mib
 
 def analytic_servers(config: str, overrides: Sequence[str]) -> List[Dict[str, Any]]:
     """Return every server's analytic payload bytes per iteration: {group, sent, received, sync}."""
-    from psframework.config import load_config
     from psframework.schemes.common import meta_model, placement_of
     from psframework.schemes.registry import get_scheme
-    from psframework.settings import make_settings
+    from psframework.schemes.validate import load_run, make_settings
 
-    settings = make_settings(load_config(config, list(overrides)))
+    settings = make_settings(load_run(config, list(overrides)))
     scheme = get_scheme(settings.run.scheme)
     model = meta_model(settings)
     placement = placement_of(settings, model)

@@ -17,11 +17,10 @@ from psframework.bench.runs import TrainingBenchmark, case_rows, header, link_te
 
 def analytic_bytes(config: str, overrides: Sequence[str]) -> Optional[Tuple[int, int]]:
     """Return the analytic (sent, received) payload bytes per iteration of rank 0 for a case (None: no model)."""
-    from psframework.config import load_config
     from psframework.schemes.common import analytic_server_bytes
-    from psframework.settings import make_settings
+    from psframework.schemes.validate import load_run, make_settings
 
-    return analytic_server_bytes(make_settings(load_config(config, overrides)))
+    return analytic_server_bytes(make_settings(load_run(config, overrides)))
 
 
 def figures(summaries: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from psframework.codes.base import Code, check_int
+from psframework.codes.base import Code
+from psframework.codes.checks import check_int
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The interface every erasure code of the project shares, and the checks of its inputs."""
+"""The interface every erasure code of the project shares."""
 
 from __future__ import annotations
 
@@ -7,35 +7,10 @@ from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from psframework.arrays import Backend, common_backend
+from psframework.codes.checks import check_axis, check_int
+from psframework.codes.layout import join_blocks
 
 Packets = Union[Mapping[int, Any], Iterable[Tuple[int, Any]]]
-
-
-def _as_index(value: Any, message: str) -> int:
-    """Return `value` as an int (booleans refused); raise ValueError(message) otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(message)
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(message) from None
-
-
-def check_int(value: Any, name: str, minimum: int) -> int:
-    """Return `value` as an int; raise ValueError unless it is an integer >= `minimum`."""
-    number = _as_index(value, f"{name} must be an integer >= {minimum}, got {value!r}")
-    if number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
-    return number
-
-
-def check_axis(axis: Any, ndim: int) -> int:
-    """Return `axis` normalised to 0..ndim-1; raise ValueError when it is out of range."""
-    axis = _as_index(axis, f"axis must be an integer, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for {ndim}-dimensional arrays "
-                         f"(expected {-ndim} <= axis < {ndim})")
-    return axis % ndim
 
 
 class Code(ABC):
@@ -102,8 +77,6 @@ class Code(ABC):
     def decode_joined(self, packets: Packets, axis: int = 0, symbol_size: int = 1,
                       length: Optional[int] = None) -> Any:
         """Decode and return the blocks joined along `axis`, cut to `length` elements when given."""
-        from psframework.codes.layout import join_blocks
-
         return join_blocks(self.decode(packets, axis, symbol_size), axis=axis, length=length)
 
     # --- input checks shared by the codes ---

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 from psframework.arrays import arithmetic_backend, axis_index, common_backend
-from psframework.codes.base import check_axis, check_int
+from psframework.codes.checks import check_axis, check_int
 
 
 def _ceil_div(a: int, b: int) -> int:

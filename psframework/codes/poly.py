@@ -7,7 +7,8 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from psframework.codes.base import Code, Packets, check_int
+from psframework.codes.base import Code, Packets
+from psframework.codes.checks import check_int
 
 NODES = ("chebyshev", "equispaced", "integers")
 _INVERSES_KEPT = 1024

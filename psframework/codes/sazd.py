@@ -7,7 +7,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from psframework.arrays import arithmetic_backend, axis_index
-from psframework.codes.base import Code, Packets, check_int
+from psframework.codes.base import Code, Packets
+from psframework.codes.checks import check_int
 from psframework.codes.threads import resolve_threads
 from psframework.codes.zigzag import Schedule, _compile, compile_uncached
 

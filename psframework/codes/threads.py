@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, List, Optional, Sequence
 
 from psframework import environment
-from psframework.codes.base import check_int
+from psframework.codes.checks import check_int
 
 ENV_VAR = environment.DECODE_THREADS
 MAX_DEFAULT_THREADS = 4
@@ -28,11 +28,7 @@ def check_threads(value: Any, name: str = "threads") -> int:
 
 def default_decode_threads() -> int:
     """Return the decode threads used when nothing is configured: the usable cores, at most four."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_THREADS))
+    return max(1, min(environment.usable_cores(), MAX_DEFAULT_THREADS))
 
 
 def set_decode_threads(threads: Optional[int]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import WatchdogTimeout
-from .transport import Backoff, Deadline
+from .polling import Backoff, Deadline
 
 
 def wait_quietly(request: Any, max_sleep_s: float) -> None:

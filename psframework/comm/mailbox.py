@@ -3,25 +3,55 @@
 The transport's mailbox mode (`Transport.mailbox(source)`): a rank that falls behind (a straggler)
 still receives its messages while it computes or sleeps, whatever their tags, so its sender's
 buffers and queues never fill up behind it. Messages are kept by envelope until taken. Payloads
-arrive through the transport's own receive path (`receive_buffer`, `count_received`).
+arrive through the transport's own receive path (`receive_buffer`, `count_received`): the mailbox
+knows its transport only as that `ReceivePath`, so the transport imports the mailbox and not back.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from mpi4py import MPI
 
 from .envelope import Envelope, Header, decode_header, new_header_buffer
 from .errors import WatchdogTimeout
-from .flow import test_one
-from .transport import DEFAULT, Transport
+from .flow import FlowControl, test_one
+from .polling import DEFAULT
+
+
+class ReceivePath(Protocol):
+    """What a mailbox uses of its transport (a Transport): the communicator, credits, receive buffers, waits."""
+
+    comm: Any
+    flow: FlowControl
+    stats: Any  # received_messages is counted here
+
+    def allocate(self, dtype: str, shape: Tuple[int, ...]) -> Any:
+        """Return an empty tensor to receive a payload into."""
+
+    def receive_buffer(self, out: Any) -> Any:
+        """Return the wire buffer a payload for `out` is received into."""
+
+    def count_received(self, nbytes: int) -> None:
+        """Count a payload that came in."""
+
+    def peer_failed(self, rank: int) -> None:
+        """End everything to and from a rank the MPI reported dead."""
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: Any = DEFAULT) -> bool:
+        """Serve every receive and send until ready() holds; False once timeout_s has passed."""
+
+    def resolve_timeout(self, value: Any = DEFAULT) -> Optional[float]:
+        """Return the watchdog timeout a wait uses."""
+
+    def named(self, ranks: Sequence[int]) -> List[int]:
+        """Return ranks of the communicator as ranks in the job."""
 
 
 class Mailbox:
     """Receive everything `source` sends on `transport`, in order, and hand it out by envelope."""
 
-    def __init__(self, transport: Transport, source: int) -> None:
+    def __init__(self, transport: ReceivePath, source: int) -> None:
         self.transport = transport
         self.source = source
         self.kept: Dict[Tuple[int, int], Tuple[Header, Any]] = {}  # (tag, iteration) -> message

@@ -15,7 +15,6 @@ posted.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,8 +23,6 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from psframework import environment
-
 from .buffers import (StagingPool, TensorInfo, WireBuffer, allocate, copy_bytes_into, recv_buffer, send_buffer,
                       tensor_info)
 from .cuda import resolve_cuda_aware
@@ -33,8 +30,8 @@ from .envelope import (MAX_TAG, MIN_TAG_UB, Envelope, Header, decode_header, enc
                        new_header_buffer, set_flow)
 from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
 from .flow import FlowControl, test_one
-
-DEFAULT: Any = object()  # "use the transport's timeout_s"
+from .mailbox import Mailbox
+from .polling import DEFAULT, Backoff, Deadline, auto_poll_sleep
 
 # Called as hook(dest, envelope, nbytes) before a message goes on the wire; it may return the time
 # (time.perf_counter) before which the message must not be posted (an emulated link), or None.
@@ -59,77 +56,6 @@ def test_each(requests: Sequence[Any], statuses: List[Any]) -> Tuple[List[int], 
         elif outcome is None:
             failed.append(i)
     return done, failed
-
-
-# Polling waits yield the core after each fruitless poll: free when a rank has its core to itself,
-# and it keeps oversubscribed nodes (more ranks than cores) moving.
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-FIRST_SLEEP_S = 20e-6
-
-
-STALL_S = 0.5  # a gap this long between two polls of one wait: this process did not run meanwhile
-
-
-class Deadline:
-    """When a wait gives up: after `timeout_s` of waiting, not counting time this process was stopped.
-
-    A process that was frozen (SIGSTOP), swapped out or descheduled finds its deadline long past when
-    it runs again, though no peer was silent: a gap of more than STALL_S between two polls moves the
-    deadline on by the gap.
-    """
-
-    __slots__ = ("end", "last")
-
-    def __init__(self, timeout_s: Optional[float]) -> None:
-        now = time.monotonic()
-        self.end = None if timeout_s is None else now + timeout_s
-        self.last = now
-
-    def passed(self) -> bool:
-        """Return whether the wait has lasted its timeout (call it at every poll)."""
-        now = time.monotonic()
-        if self.end is not None and now - self.last > STALL_S:
-            self.end += now - self.last
-        self.last = now
-        return self.end is not None and now >= self.end
-
-
-class Backoff:
-    """Pause between polls of a wait: yield the core, or sleep, doubling up to `max_sleep_s`.
-
-    With a core per rank (`max_sleep_s` 0) a wait polls at full speed, as a blocking MPI wait spins.
-    When ranks outnumber cores every poll takes the CPU from the ranks that compute, so a wait sleeps
-    from its first fruitless poll: on the 2-core machine of the benchmarks this took a sixth off both
-    the iteration time and the processor time of sazd (5 ranks), where a 2 ms spin before sleeping had
-    been meant for large transfers. Intranode payloads are copied by the receiver in one poll (CMA),
-    and over TCP the spin made no difference to the iteration time.
-    """
-
-    __slots__ = ("max_sleep_s", "sleep_s")
-
-    def __init__(self, max_sleep_s: float) -> None:
-        self.max_sleep_s = max_sleep_s
-        self.sleep_s = FIRST_SLEEP_S
-
-    def pause(self, until: Optional[float] = None) -> None:
-        """Wait a little before the next poll; not past `until` (time.perf_counter), when given."""
-        if self.max_sleep_s <= 0.0:
-            _yield()
-            return
-        sleep_s = self.sleep_s if until is None else min(self.sleep_s, max(0.0, until - time.perf_counter()))
-        time.sleep(sleep_s)
-        self.sleep_s = min(2.0 * self.sleep_s, self.max_sleep_s)
-
-
-def auto_poll_sleep(comm: Any) -> float:
-    """Return PSF_POLL_SLEEP_S if set, else 0 (spin) when this node has a core per rank, else 1 ms."""
-    from psframework.runtime.threads import ranks_per_node, usable_cores
-
-    configured = environment.poll_sleep_s()
-    if configured is not None:
-        return configured
-    ranks, _ = ranks_per_node(comm)
-    return 0.0 if ranks <= usable_cores() else 1e-3
 
 
 @dataclass
@@ -373,7 +299,7 @@ class Transport:
         self._kept: Dict[Tuple[int, int], Dict[int, Tuple[Header, np.ndarray]]] = {}
         self._sends: List[SendHandle] = []
         self._statuses: List[Any] = []
-        self._mailboxes: List[Any] = []
+        self._mailboxes: List[Mailbox] = []
         self.failed: set = set()  # ranks the MPI reported failed (dead): nothing more goes to or comes from them
         self._departures: Deque[Tuple[float, SendHandle]] = deque()  # held back by the send hook, oldest first
         self.flow = FlowControl(base, window, self._post_message, self.peer_failed,
@@ -719,15 +645,13 @@ class Transport:
         return False
 
     # -- mailbox mode ---------------------------------------------------------------------------
-    def mailbox(self, source: int) -> Any:
+    def mailbox(self, source: int) -> Mailbox:
         """Receive everything `source` sends on this transport as it arrives, whatever its tag.
 
         Use it for every receive from that source: its header receive matches any tag. `progress()`
         and every wait of this transport serve it too, so messages keep moving while the rank computes.
         There is one mailbox per source: asking again returns the same one.
         """
-        from .mailbox import Mailbox
-
         self._check_rank(source, "source")
         for box in self._mailboxes:
             if box.source == source:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
 from psframework import environment
+from psframework.comm.locality import shared_node_comm
 
 
 @dataclass(frozen=True)
@@ -15,14 +16,6 @@ class LocalRank:
     rank: int
     size: Optional[int]
     source: str
-
-
-def shared_node_comm(comm: Any = None) -> Any:
-    """Return a communicator of the ranks sharing this node's memory (collective; free it after use)."""
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD if comm is None else comm
-    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 
 def local_rank(comm: Any = None, environ: Optional[Mapping[str, str]] = None) -> LocalRank:

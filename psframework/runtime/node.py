@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
-from psframework.settings import TransportSettings
+from psframework.runtime.transport_settings import TransportSettings
 
 if TYPE_CHECKING:  # the transport needs mpi4py: it is imported when a node starts
     from psframework.comm.collective import Peers
@@ -88,7 +88,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     """
     from psframework.comm import Transport, setup_roles
     from psframework.comm.roles import shard_roles
-    from psframework.comm.transport import auto_poll_sleep
+    from psframework.comm.polling import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
     from psframework.runtime.memory import keep_freed_memory

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional
 
 from psframework import environment
-
-from .binding import shared_node_comm
+from psframework.comm.locality import ranks_per_node
+from psframework.environment import usable_cores
 
 
 @dataclass(frozen=True)
@@ -20,29 +20,6 @@ class ThreadPlan:
     ranks_per_node: int
     usable_cores: int  # cores this process may run on (its CPU affinity)
     source: str  # where ranks_per_node came from, or 'override'
-
-
-def usable_cores() -> int:
-    """Return how many cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def ranks_per_node(comm: Any = None, environ: Optional[Mapping[str, str]] = None) -> Tuple[int, str]:
-    """Return the ranks on this node and where that came from (launcher variables, else a shared split)."""
-    launcher = environment.local_size_vars(environ)
-    if launcher is not None:
-        return launcher
-    try:
-        node = shared_node_comm(comm)
-    except ImportError:
-        return 1, "no MPI"
-    try:
-        return node.Get_size(), "MPI_COMM_TYPE_SHARED split"
-    finally:
-        node.Free()
 
 
 def plan_threads(comm: Any = None, *, threads: Optional[int] = None, cores_per_node: Optional[int] = None,

@@ -74,11 +74,12 @@ def model_info(cfg: Any) -> List[str]:
     """Return the lines of `psf model-info`: coded layers, rank 0's layers, the Stanza cut, each side's sizes."""
     from psframework.schemes.coded_parts import code_of
     from psframework.schemes.common import input_shape, meta_model, placement_of
+    from psframework.schemes.registry import get_scheme
     from psframework.settings import code_settings
 
     model = meta_model(cfg)
     placement = placement_of(cfg, model)
-    settings = code_settings(cfg)
+    settings = code_settings(cfg, get_scheme(cfg.scheme).code)
     code = code_of(settings if settings.kind else replace(settings, kind="shift-add"))
     k, size = settings.k, settings.symbol_size
     shape = "x".join(map(str, input_shape(cfg)))

@@ -1,22 +1,47 @@
 """The scheme registry: the one list of training schemes and what each one needs.
 
 An entry names the module that holds a scheme's server and worker sides, the erasure code of its
-conv layers, its analytic byte model and the config rules that follow from how it works. Every
-other list of scheme names (config checks, the command line, benchmarks) derives from here. A new
-scheme is one module plus one `register(Scheme(...))` call.
+conv layers, its analytic byte model and the config rules that follow from how it works
+(`Scheme.check`, applied by psframework.schemes.validate). Every other list of scheme names (the
+command line, benchmarks) derives from here. A new scheme is one module plus one
+`register(Scheme(...))` call.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from psframework.config import ConfigError
+from psframework.config import Config
+from psframework.errors import ConfigError
+
+LINEAR_OPTIMIZERS = ("sgd",)
 
 
 class SchemeError(ConfigError):
     """A scheme name is unknown or a setting does not fit the scheme."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise SchemeError(message)
+
+
+def worker_ranks(n: int, servers: int) -> List[int]:
+    """Return the world ranks of the workers: G groups of one server and n workers, servers at g*(n+1)."""
+    return [g * (n + 1) + 1 + j for g in range(servers) for j in range(n)]
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """Return ranks as short text: 1..4, or 1..3, 5..7 for several groups."""
+    runs: List[List[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in runs)
 
 
 @dataclass(frozen=True)
@@ -94,6 +119,70 @@ class Scheme:
         if settings.run.servers == 1 or self.sync_model is None:
             return 0
         return self.load(self.sync_model)(settings, model, placement)
+
+    def check(self, cfg: Config) -> None:
+        """Raise SchemeError naming the first setting of `cfg` that does not fit how this scheme works."""
+        c, t = cfg.code, cfg.train
+        if self.k_equals_n:
+            _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme {self.name} needs k = n")
+        if self.linear_conv_optimizer:
+            _require(t.optimizer in LINEAR_OPTIMIZERS,
+                     f"train.optimizer: got {t.optimizer!r} for scheme {self.name}; coded conv layers need a "
+                     "linear optimizer (sgd with momentum/nesterov/weight_decay) so that the coded weight "
+                     "copies stay consistent")
+        if t.backup_workers:
+            self._check_backup_workers(cfg)
+        if self.shards_batch:
+            workers = c.n * t.servers
+            who = (f"code.n={c.n} workers" if t.servers == 1
+                   else f"{workers} workers (train.servers={t.servers} x code.n={c.n})")
+            _require(cfg.data.batch_size >= workers,
+                     f"data.batch_size: got {cfg.data.batch_size} with {who}, expected at least one "
+                     f"sample per worker (batch_size >= {workers}); shards differ by at most one sample when the "
+                     "workers do not divide it")
+        self._check_servers(cfg)
+        if self.mpi:
+            workers = worker_ranks(c.n, t.servers)
+            for r in cfg.stragglers.ranks:
+                _require(r in workers,
+                         f"stragglers.ranks: got rank {r}, expected worker ranks {describe_ranks(workers)}")
+            _require(cfg.stragglers.count <= len(workers),
+                     f"stragglers.count: got {cfg.stragglers.count}, expected <= {len(workers)} workers")
+
+    def _check_backup_workers(self, cfg: Config) -> None:
+        """Check train.backup_workers: only data-parallel schemes leave workers out, and never all of them."""
+        c, t = cfg.code, cfg.train
+        _require(self.backup_workers,
+                 f"train.backup_workers: got {t.backup_workers} for scheme {self.name}; backup workers belong "
+                 "to the data-parallel schemes, coded schemes tolerate n-k stragglers through code.k")
+        if self.shards_parameters and t.servers > 1:
+            workers, who = c.n * t.servers, f"{c.n * t.servers} workers (train.servers={t.servers} x code.n={c.n})"
+        else:
+            workers, who = c.n, f"code.n={c.n}"
+        _require(t.backup_workers < workers,
+                 f"train.backup_workers: got {t.backup_workers} with {who}, expected 0 <= backup_workers < "
+                 f"{'n' if workers == c.n else workers} (at least one worker's result is needed each round)")
+
+    def _check_servers(self, cfg: Config) -> None:
+        """Check train.servers: several servers need an MPI scheme, enough batch and the scheme's optimizers."""
+        g, t = cfg.train.servers, cfg.train
+        if g == 1:
+            return
+        _require(self.mpi, f"train.servers: got {g} for scheme {self.name}, which runs in one process; "
+                 "expected 1 (several servers belong to the MPI schemes)")
+        _require(cfg.data.batch_size >= g, f"data.batch_size: got {cfg.data.batch_size} with train.servers={g}, "
+                 f"expected at least one sample per server (batch_size >= {g})")
+        if self.workers_sum_across_groups and not self.coded:
+            _require(t.backup_workers == 0, f"train.backup_workers: got {t.backup_workers} with "
+                     f"train.servers={g}; scheme {self.name}'s workers sum their conv gradients over every worker "
+                     "each iteration, so every worker is needed (backup workers need train.servers=1)")
+            _require(t.optimizer == "sgd", f"train.optimizer: got {t.optimizer!r} with train.servers={g}; scheme "
+                     f"{self.name}'s workers step the conv stack themselves with sgd (head_optimizer may differ)")
+        if self.shards_parameters:
+            for key in ("optimizer", "head_optimizer"):
+                value = getattr(t, key)
+                _require(value in (None, "sgd"), f"train.{key}: got {value!r} with train.servers={g}; scheme "
+                         f"{self.name}'s servers step their parameter shards with sgd")
 
     def world_size(self, n: int, servers: int = 1) -> int:
         """Return how many MPI processes the scheme needs for `servers` groups of one server and n workers."""

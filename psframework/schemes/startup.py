@@ -80,7 +80,7 @@ def _gather_failures(comm: Any, outcome: Optional[Tuple[int, str]]) -> List[Opti
     from mpi4py import MPI
 
     from psframework.comm.collective import wait_quietly
-    from psframework.comm.transport import auto_poll_sleep
+    from psframework.comm.polling import auto_poll_sleep
 
     failed, any_failed = np.array([outcome is not None], np.int32), np.zeros(1, np.int32)
     wait_quietly(comm.Iallreduce(failed, any_failed, op=MPI.MAX), auto_poll_sleep(comm))

@@ -1,0 +1,30 @@
+"""The ranks that share this node: the launcher's variables, else an MPI shared-memory split (no MPI on import)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Tuple
+
+from psframework import environment
+
+
+def shared_node_comm(comm: Any = None) -> Any:
+    """Return a communicator of the ranks sharing this node's memory (collective; free it after use)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+def ranks_per_node(comm: Any = None, environ: Optional[Mapping[str, str]] = None) -> Tuple[int, str]:
+    """Return the ranks on this node and where that came from (launcher variables, else a shared split)."""
+    launcher = environment.local_size_vars(environ)
+    if launcher is not None:
+        return launcher
+    try:
+        node = shared_node_comm(comm)
+    except ImportError:
+        return 1, "no MPI"
+    try:
+        return node.Get_size(), "MPI_COMM_TYPE_SHARED split"
+    finally:
+        node.Free()
