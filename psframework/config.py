@@ -344,7 +344,7 @@ _BOUNDS = {
     "train.servers": (1, 1024),
     "code.n": (1, 1024), "code.k": (1, 1024), "code.symbol_channels": (1, 65_536),
     "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),
-    "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3), "stragglers.ranks": (1, 1024),
+    "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3),  # stragglers.ranks: the scheme knows its workers
     "comm.timeout_s": (0.0, 1e6), "comm.threads": (0, 1024), "comm.detach_after": (1, 10**6),
     "comm.emulate.bandwidth_gbps": (0.0, 1e6), "comm.emulate.latency_us": (0.0, 1e7),
 }
