@@ -19,8 +19,8 @@ _EXPORTS = {
     "SendHandle": "transport", "DrainReport": "transport",
     "PacketExchange": "relay", "exchange_packets": "relay", "send_packet": "relay", "Mailbox": "mailbox",
     "Roles": "roles", "setup_roles": "roles",
-    "Msg": "rounds", "Replies": "rounds", "ServerRounds": "rounds", "WorkerRounds": "rounds",
-    "WorkerReport": "rounds",
+    "MPIServerLink": "rounds", "MPIWorkerLink": "rounds", "ShardedWorkerLink": "rounds", "Msg": "rounds",
+    "Replies": "rounds", "WorkerReport": "rounds",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .relay import PacketExchange, exchange_packets, send_packet
     from .mailbox import Mailbox
     from .roles import Roles, setup_roles
-    from .rounds import Msg, Replies, ServerRounds, WorkerReport, WorkerRounds
+    from .rounds import MPIServerLink, MPIWorkerLink, Msg, Replies, ShardedWorkerLink, WorkerReport
     from .transport import DrainReport, FirstK, Gather, SendHandle, Transport, TransportStats
 
 

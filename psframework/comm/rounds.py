@@ -1,4 +1,4 @@
-"""Rounds between the server and its workers, and the one message vocabulary of every scheme.
+"""Rounds between the server and its workers over MPI (the links), and the one message vocabulary of every scheme.
 
 The transport moves enveloped tensors; this layer knows the shape every scheme shares: the server
 sends to its workers, takes the first k replies (or all), times the round, and names workers by
@@ -169,7 +169,7 @@ def cpu_per_iteration(server_cpu_s: float, reports: Any) -> Dict[str, float]:
 STOP_GRACE_S = 5.0  # how long the stop waits for the workers' reports before it asks whether a rank died
 
 
-class ServerRounds:
+class MPIServerLink:
     """Rank 0's side of every round: send to workers, take the first replies, name workers by index.
 
     A worker that has stopped is detached: its oldest message kept back by flow control is
@@ -428,7 +428,7 @@ class ServerRounds:
         return {str(rank): WorkerReport.from_vector(reports[rank].tolist()) for rank in self.workers if rank in reports}
 
 
-class WorkerRounds:
+class MPIWorkerLink:
     """A worker's side: every message from the server taken off the wire as it comes, replies, the report.
 
     While it waits for the server, a worker answers snapshot requests (its state, once it has finished
@@ -699,15 +699,15 @@ class WorkerRounds:
         return total
 
 
-class ShardedWorkerRounds:
-    """A worker's rounds with S servers, one per parameter shard: each message comes from, and each reply
-    goes to, every shard's server over that shard's own rounds.
+class ShardedWorkerLink:
+    """A worker's link to S servers, one per parameter shard: each message comes from, and each reply
+    goes to, every shard's server over that shard's own link.
 
     One report counts this worker's work and goes to every server when the run stops. A worker with
     several servers is never detached (its servers do not detach it), so it never rejoins.
     """
 
-    def __init__(self, links: Sequence[WorkerRounds]) -> None:
+    def __init__(self, links: Sequence[MPIWorkerLink]) -> None:
         self.links = list(links)
         self.sizes: List[int] = []  # values per shard of the last message taken
         self.report = self.links[0].report
