@@ -14,7 +14,7 @@ from psframework.codes import (WIDE_OVERHEAD, PolyCode, SAZDCode, UncodedCode, s
 from psframework.codes.layout import WIDE_MAX_SYMBOLS
 from psframework.codes.zigzag import COPY
 from psframework.comm import Envelope, Kind, Transport
-from psframework.comm.rounds import ServerRounds, cpu_per_iteration
+from psframework.comm.rounds import MPIServerLink, cpu_per_iteration
 from psframework.schemes.coded_parts import Dissemination
 from psframework.settings import CodeSettings
 
@@ -91,7 +91,7 @@ def test_blocks_inside_the_tensor_are_views_and_only_the_padded_one_is_a_copy():
 
 
 class FakeTransport:
-    """What ServerRounds.detach_laggards reads of a transport: kept-back messages and signs of life."""
+    """What MPIServerLink.detach_laggards reads of a transport: kept-back messages and signs of life."""
 
     def __init__(self, oldest, heard):
         self.oldest, self.heard = oldest, heard
@@ -118,12 +118,12 @@ def test_only_a_worker_that_is_behind_and_silent_is_detached():
     # Rank 1 is 2 iterations behind and silent since before iteration 9; rank 2 as far behind but it
     # acknowledged something during iteration 9 (slow, not stopped); rank 3 is not behind at all.
     transport = FakeTransport(oldest={1: 8, 2: 8}, heard={1: 100.0, 2: 105.0, 3: 0.0})
-    rounds = ServerRounds(transport, [1, 2, 3], detach_after=2, say=lambda line: None)
-    rounds.iteration = 10
-    rounds.started = {8: 98.0, 9: 104.0, 10: 110.0}
-    rounds.detach_laggards([1, 2, 3])
-    assert transport.detached == [1] and list(rounds.members.detached) == [1]
-    assert rounds.members.log == [{"rank": 1, "detached_at": 10, "readmitted_at": None}]
+    link = MPIServerLink(transport, [1, 2, 3], detach_after=2, say=lambda line: None)
+    link.iteration = 10
+    link.started = {8: 98.0, 9: 104.0, 10: 110.0}
+    link.detach_laggards([1, 2, 3])
+    assert transport.detached == [1] and list(link.members.detached) == [1]
+    assert link.members.log == [{"rank": 1, "detached_at": 10, "readmitted_at": None}]
 
 
 def self_transport(hook):

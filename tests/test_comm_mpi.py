@@ -1,4 +1,4 @@
-"""MPI runtime checks under mpiexec (3 to 5 ranks): first k of n, late replies, watchdog, shard exchange,
+"""MPI runtime checks under mpiexec (3 to 5 ranks): first k of n, late replies, watchdog, packet relay,
 device buffers, and a failing rank aborting the job."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def test_first_k_of_n_takes_the_fastest_never_a_late_reply_and_the_watchdog_name
     assert "no answer from rank(s) 3 for REPLY iteration 5" in proc.stdout, describe(proc)
 
 
-def test_shard_exchange_round_trips_exactly_and_serves_the_first_k():
-    proc = run_mpi(5, "exchange.py", timeout=90)
-    assert proc.returncode == 0 and "OK exchange" in proc.stdout, describe(proc)
+def test_packet_relay_round_trips_exactly_and_serves_the_first_k():
+    proc = run_mpi(5, "relay.py", timeout=90)
+    assert proc.returncode == 0 and "OK relay" in proc.stdout, describe(proc)
 
 
 def test_device_and_host_buffer_paths_and_mismatch_errors():

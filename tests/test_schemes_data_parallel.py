@@ -93,7 +93,7 @@ def test_backup_worker_leaves_the_straggler_out(tmp_path, scheme):
     assert all(sum(r["samples"]) == 8 * len(r["used"]) for r in table)  # shards of 8: the update covers those used
     assert sum(2 not in r["used"] for r in table) >= ITERATIONS // 2  # the slowed worker is mostly left out
     slow = summary["workers"]["2"]
-    # it skipped rounds that rank 0 had finished without it, or was detached for falling behind
+    # it skipped iterations that rank 0 had finished without it, or was detached for falling behind
     assert slow["replies_skipped"] > 0 or summary["membership"]
     first, last = [r["loss"] for r in table[:5]], [r["loss"] for r in table[-5:]]
     assert sum(last) < sum(first)  # it still learns from the samples it uses
@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
 
 
 # Each scheme's analytic byte count per iteration must be what rank 0 really moves. `rotate` makes
-# sazd wait for every reply, so that each round's bytes fall in that round.
+# sazd wait for every reply, so that each iteration's bytes fall in that iteration.
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("overrides", [

@@ -17,10 +17,10 @@ _EXPORTS = {
     "CudaAwareness": "cuda", "detect_cuda_aware": "cuda", "resolve_cuda_aware": "cuda",
     "Transport": "transport", "TransportStats": "transport", "FirstK": "transport", "Gather": "transport",
     "SendHandle": "transport", "DrainReport": "transport",
-    "ShardExchange": "exchange", "exchange_shards": "exchange", "send_shard": "exchange", "Mailbox": "mailbox",
+    "PacketExchange": "relay", "exchange_packets": "relay", "send_packet": "relay", "Mailbox": "mailbox",
     "Roles": "roles", "setup_roles": "roles",
-    "Msg": "rounds", "Replies": "rounds", "ServerRounds": "rounds", "WorkerRounds": "rounds",
-    "WorkerReport": "rounds",
+    "MPIServerLink": "rounds", "MPIWorkerLink": "rounds", "ShardedWorkerLink": "rounds", "Msg": "rounds",
+    "Replies": "rounds", "WorkerReport": "rounds",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -30,10 +30,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cuda import CudaAwareness, detect_cuda_aware, resolve_cuda_aware
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
     from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
-    from .exchange import ShardExchange, exchange_shards, send_shard
+    from .relay import PacketExchange, exchange_packets, send_packet
     from .mailbox import Mailbox
     from .roles import Roles, setup_roles
-    from .rounds import Msg, Replies, ServerRounds, WorkerReport, WorkerRounds
+    from .rounds import MPIServerLink, MPIWorkerLink, Msg, Replies, ShardedWorkerLink, WorkerReport
     from .transport import DrainReport, FirstK, Gather, SendHandle, Transport, TransportStats
 
 

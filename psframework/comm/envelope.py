@@ -29,7 +29,7 @@ class Kind(IntEnum):
 
     COMMAND = 0  # server -> worker: an input to compute on (activations, output gradients)
     REPLY = 1  # worker -> server: the result of a command
-    SHARD = 2  # worker <-> worker: a coded packet of the relay dissemination
+    PACKET = 2  # worker <-> worker: a coded packet of the relay dissemination
     PARAMS = 3  # parameters sent out
     GRADS = 4  # gradients sent in
     CONTROL = 5  # acknowledgements and signals of tools and tests

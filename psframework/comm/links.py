@@ -1,6 +1,6 @@
 """What a scheme's sides see of the transport: the server's link to its workers and a worker's to its server.
 
-`comm.rounds` implements them (`ServerRounds`; `WorkerRounds`, and `ShardedWorkerRounds` for a worker
+`comm.rounds` implements them (`MPIServerLink`; `MPIWorkerLink`, and `ShardedWorkerLink` for a worker
 of several parameter shards' servers, which joins and splits vectors itself), so a scheme is written
 against these signatures and one tensor per message whatever the topology.
 """
@@ -13,7 +13,7 @@ from .envelope import Envelope
 
 
 class ServerLink(Protocol):
-    """A server's rounds with its workers: send, take the first replies, name workers by index."""
+    """A server's link to its workers: rounds (send, take the first replies), workers named by index."""
 
     n: int  # workers of this server
     workers: List[int]  # their ranks on the server's communicator
@@ -74,7 +74,7 @@ class ServerLink(Protocol):
 
 
 class WorkerLink(Protocol):
-    """A worker's rounds with its server: take its messages, reply, report, rejoin, stop."""
+    """A worker's link to its server: take its messages, reply, report, rejoin, stop."""
 
     report: Any  # this worker's counts and times, sent to the server when the run stops
     roles: Any

@@ -1,4 +1,4 @@
-"""Rounds between the server and its workers, and the one message vocabulary of every scheme.
+"""Rounds between the server and its workers over MPI (the links), and the one message vocabulary of every scheme.
 
 The transport moves enveloped tensors; this layer knows the shape every scheme shares: the server
 sends to its workers, takes the first k replies (or all), times the round, and names workers by
@@ -30,13 +30,13 @@ def _fields(envelope: Envelope) -> Tuple[int, int, int]:
 class Msg:
     """The message vocabulary: each entry returns the envelope of one kind of message for an iteration.
 
-    command, reply and shard take (iteration, layer, phase); params takes (iteration, layer, phase=);
+    command, reply and packet take (iteration, layer, phase); params takes (iteration, layer, phase=);
     the others take the iteration only.
     """
 
     command = partial(Envelope, Kind.COMMAND)  # server -> worker: an input to compute on
     reply = partial(Envelope, Kind.REPLY)  # worker -> server: the result of a command
-    shard = partial(Envelope, Kind.SHARD)  # worker <-> worker: a coded packet of a relayed tensor
+    packet = partial(Envelope, Kind.PACKET)  # worker <-> worker: a coded packet of a relayed tensor
     params = partial(Envelope, Kind.PARAMS, phase=Phase.OTHER)  # server -> worker: initial state, weights
     grads = partial(Envelope, Kind.GRADS, layer=0, phase=Phase.BACKWARD)  # worker -> server: gradients
     state = partial(Envelope, Kind.STATE, phase=Phase.OTHER)  # server -> worker: send your state
@@ -169,7 +169,7 @@ def cpu_per_iteration(server_cpu_s: float, reports: Any) -> Dict[str, float]:
 STOP_GRACE_S = 5.0  # how long the stop waits for the workers' reports before it asks whether a rank died
 
 
-class ServerRounds:
+class MPIServerLink:
     """Rank 0's side of every round: send to workers, take the first replies, name workers by index.
 
     A worker that has stopped is detached: its oldest message kept back by flow control is
@@ -428,7 +428,7 @@ class ServerRounds:
         return {str(rank): WorkerReport.from_vector(reports[rank].tolist()) for rank in self.workers if rank in reports}
 
 
-class WorkerRounds:
+class MPIWorkerLink:
     """A worker's side: every message from the server taken off the wire as it comes, replies, the report.
 
     While it waits for the server, a worker answers snapshot requests (its state, once it has finished
@@ -534,22 +534,22 @@ class WorkerRounds:
 
     def _relay(self, key: Tuple[int, int, int], packet: Any) -> List[Any]:
         """Send a packet to the first `relay_first` peers in relay order; keep the others for relay_rest."""
-        from .exchange import relay_order, send_shard
+        from .relay import relay_order, send_packet
 
         order = relay_order(self.peers.rank, self.peers.size)
         first = len(order) if self.relay_first is None else self.relay_first
         if order[first:]:
             self._unsent[key] = (packet, order[first:])
-        return send_shard(self.peers, packet, Msg.shard(*key), order[:first])
+        return send_packet(self.peers, packet, Msg.packet(*key), order[:first])
 
     def relay_rest(self, envelope: Envelope) -> None:
         """Send a relayed packet to the peers it has not gone to yet (they need it if a first sender is slow)."""
-        from .exchange import send_shard
+        from .relay import send_packet
 
         unsent = self._unsent.pop((envelope.iteration, envelope.layer, envelope.phase), None)
         if unsent is not None:
-            send_shard(self.peers, unsent[0], Msg.shard(envelope.iteration, envelope.layer, envelope.phase),
-                       unsent[1])
+            send_packet(self.peers, unsent[0], Msg.packet(envelope.iteration, envelope.layer, envelope.phase),
+                        unsent[1])
 
     def first_of(self, envelopes: Sequence[Envelope]) -> int:
         """Wait until one of the messages has arrived; return its position (not taking it).
@@ -633,8 +633,8 @@ class WorkerRounds:
         if self.peers is not None:
             self.peers.progress()
 
-    def exchange(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> Any:
-        """Exchange packets with the other workers until k are in (relay dissemination); see exchange_shards.
+    def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> Any:
+        """Relay packets among the workers until k are in (relay dissemination); see exchange_packets.
 
         Then forget the packets kept back (flow control) that a peer can no longer need: those older
         than the latest iteration it has sent, and, once it has sent and acknowledged nothing for
@@ -642,7 +642,7 @@ class WorkerRounds:
         server, which detaches a worker silent for half as long, readmits it at a later iteration). A
         slow peer that still answers loses nothing. The watchdog names silent peers by their ranks in the job.
         """
-        from .exchange import exchange_shards
+        from .relay import exchange_packets
 
         iteration = envelope.iteration
         self._started.setdefault(iteration, time.monotonic())
@@ -653,14 +653,14 @@ class WorkerRounds:
         sends = self._forwarded.pop(key, None)
         if sends is None:
             sends = self._relay(key, packet)
-        shards = exchange_shards(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                 interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
+        packets = exchange_packets(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
+                                   interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
         since = self._started.get(iteration - stopped_after + 1)
         for peer in range(self.peers.size):
             if peer != self.peers.rank:
                 stopped = since is not None and self.peers.heard_from(peer) < since
                 self.peers.drop(peer, iteration if stopped else self.peers.mailbox(peer).newest)
-        return shards
+        return packets
 
     def await_peers(self) -> None:
         """Go on relaying until every other worker has finished too: one that lags may still need packets
@@ -699,15 +699,15 @@ class WorkerRounds:
         return total
 
 
-class ShardedWorkerRounds:
-    """A worker's rounds with S servers, one per parameter shard: each message comes from, and each reply
-    goes to, every shard's server over that shard's own rounds.
+class ShardedWorkerLink:
+    """A worker's link to S servers, one per parameter shard: each message comes from, and each reply
+    goes to, every shard's server over that shard's own link.
 
     One report counts this worker's work and goes to every server when the run stops. A worker with
     several servers is never detached (its servers do not detach it), so it never rejoins.
     """
 
-    def __init__(self, links: Sequence[WorkerRounds]) -> None:
+    def __init__(self, links: Sequence[MPIWorkerLink]) -> None:
         self.links = list(links)
         self.sizes: List[int] = []  # values per shard of the last message taken
         self.report = self.links[0].report

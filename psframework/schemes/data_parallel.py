@@ -1,4 +1,4 @@
-"""What the data-parallel schemes share: `ps` and `stanza` differ only in what one round moves.
+"""What the data-parallel schemes share: `ps` and `stanza` differ only in what one iteration moves.
 
 Every worker loads the dataset itself and follows the same plan as rank 0, taking its contiguous
 shard of each global batch (`data.shard`), so no training images cross the network. Each iteration
@@ -7,7 +7,7 @@ optimizers. With `train.backup_workers: b` rank 0 goes on with the first n - b w
 round (all but b of the attached workers: a detached one is left out anyway), weighting by the
 samples actually used; the replies of the others arrive late and are drained. A worker whose next
 parameters have already arrived when it is about to compute knows that rank 0 has moved on, and
-skips the stale round.
+skips the stale iteration.
 
 BatchNorm running statistics live where the conv stack runs: workers send theirs with their
 gradients and rank 0 keeps the mean over the workers it used. Batch statistics are per worker shard,
@@ -80,8 +80,8 @@ def weighted_sum(vectors: Dict[int, torch.Tensor], weights: Dict[int, float]) ->
 
 
 @dataclass
-class RoundResult:
-    """What one server round produced: the loss over the samples used, and who contributed them."""
+class Aggregate:
+    """What a server made of one iteration's replies: the loss over the samples used, and who contributed them."""
 
     loss: float
     used: List[int]  # packet indices of the workers used, ascending
@@ -94,7 +94,7 @@ class RoundResult:
 
 
 class DataParallelServer(ServerSide):
-    """Rank 0 of a data-parallel scheme: the parameter server; `round` is the scheme's own part."""
+    """Rank 0 of a data-parallel scheme: the parameter server; `aggregate` is the scheme's own part."""
 
     fetches_batches = False  # the workers load their shards; rank 0 needs labels at most
 
@@ -123,12 +123,12 @@ class DataParallelServer(ServerSide):
         bounds = shard_bounds(len(self.batch_indices(step)), self.link.n)
         return {j: slice(bounds[j], bounds[j + 1]) for j in range(self.link.n)}
 
-    def result(self, step: Step, replies: Replies) -> RoundResult:
-        """Return a round's result so far: the workers whose replies are used and every shard's size (loss 0)."""
+    def result(self, step: Step, replies: Replies) -> Aggregate:
+        """Return the aggregate so far: the workers whose replies are used and every shard's size (loss 0)."""
         sizes = {j: part.stop - part.start for j, part in self.shards(step).items()}
-        return RoundResult(0.0, sorted(replies.indices), sizes)
+        return Aggregate(0.0, sorted(replies.indices), sizes)
 
-    def keep_running_stats(self, stats: Dict[int, torch.Tensor], result: RoundResult) -> None:
+    def keep_running_stats(self, stats: Dict[int, torch.Tensor], result: Aggregate) -> None:
         """Set the BatchNorm running statistics the workers keep to their mean, weighted by samples."""
         assign(running_stats(self.worker_part()), weighted_sum(stats, result.sample_weights()))
 
@@ -137,12 +137,12 @@ class DataParallelServer(ServerSide):
         return self.model
 
     @abstractmethod
-    def round(self, step: Step) -> RoundResult:
+    def aggregate(self, step: Step) -> Aggregate:
         """Run one iteration's communication and update (the scheme's part)."""
 
     def step(self, step: Step) -> StepResult:
         self.link.begin_iteration()
-        result = self.round(step)
+        result = self.aggregate(step)
         fields = {**self.link.iteration_fields(), **self.group.fields()}
         fields.update(used=[self.link.job_rank(j) for j in result.used], samples=[result.sizes[j] for j in result.used])
         return StepResult(result.loss, dict(self.link.clock.timings), fields)
@@ -187,7 +187,7 @@ class DataParallelWorker(WorkerSide):
     def step(self, step: Step, after: Event) -> None:
         params = self.link.take(Msg.params(step.iteration))
         if self.link.has(self.opening(after)):
-            self.link.report.skipped()  # rank 0 has finished this round without this worker
+            self.link.report.skipped()  # rank 0 has finished this iteration without this worker
             return
         images, labels = self.dataset.train.fetch(self.my_shard(step.indices))
         self.compute(step, params, images, labels, after)

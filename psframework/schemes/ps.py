@@ -3,7 +3,7 @@
 Each iteration rank 0 sends every worker all parameters; worker j computes the gradient of the mean
 loss on its shard of the global batch and pushes it, with its BatchNorm running statistics and its
 loss; rank 0 averages the first n - b replies weighted by their samples (the gradient of the mean
-loss over the samples used), steps and starts the next round. Parameters and gradients of the FC
+loss over the samples used), steps and starts the next iteration. Parameters and gradients of the FC
 layers cross the network twice per worker per iteration: the traffic Stanza removes.
 
 With several servers (`train.servers: S`) the parameters, as one vector in the model's order, are
@@ -27,7 +27,7 @@ from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
 from psframework.data import shard_bounds
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, scale_lr
-from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
+from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, assign, flat,
                                                running_stats, set_grads, weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
 from psframework.schemes.groups import Group
@@ -53,7 +53,7 @@ def shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
 class PSServer(DataParallelServer):
     """Rank 0 of `ps`: averages full-model gradients and steps every layer."""
 
-    def round(self, step: Step) -> RoundResult:
+    def aggregate(self, step: Step) -> Aggregate:
         params = list(self.model.parameters())
         vector = flat(params)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
@@ -123,7 +123,7 @@ class ShardedPSServer(PSServer):
         """Return the optimizer (of the conv stack or the head) that steps a parameter."""
         return next(opt for opt in self.optimizers if any(p is param for g in opt.param_groups for p in g["params"]))
 
-    def round(self, step: Step) -> RoundResult:
+    def aggregate(self, step: Step) -> Aggregate:
         """Send this shard to every worker, average the first N - b shard gradients, step the shard."""
         self.group.begin(len(step.indices))
         vector = torch.cat([r.value.detach() for r in self.regions])

@@ -32,7 +32,7 @@ from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
 from psframework.models.cut import cut_model
 from psframework.schemes.common import Step, conv_optimizer, placement_of, scale_lr
-from psframework.schemes.data_parallel import (DataParallelServer, DataParallelWorker, RoundResult, assign, flat,
+from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, assign, flat,
                                                running_stats, set_grads, weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
 from psframework.schemes.groups import Group, part_size, start_sum, sync_bytes
@@ -67,7 +67,7 @@ class StanzaServer(DataParallelServer):
     def worker_part(self) -> nn.Module:
         return self.cut.trunk
 
-    def round(self, step: Step) -> RoundResult:
+    def aggregate(self, step: Step) -> Aggregate:
         it, conv = step.iteration, self.trunk
         t0 = time.perf_counter()
         arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
@@ -112,7 +112,7 @@ class GroupStanzaServer(StanzaServer):
         """Send the workers the conv stack's state: they step it themselves."""
         self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.params(schedule.start))
 
-    def round(self, step: Step) -> RoundResult:
+    def aggregate(self, step: Step) -> Aggregate:
         """Run the head on the features of every worker of this group; send them their features' gradients."""
         it = step.iteration
         self.group.begin(len(step.indices))
@@ -152,7 +152,7 @@ class StanzaWorker(DataParallelWorker):
         it = step.iteration
         assign(self.trunk, params)
         features = self.forward(it, images)
-        # Rank 0 answers with the features' gradient, or goes on without this worker (next round or stop).
+        # Rank 0 answers with the features' gradient, or goes on without this worker (next iteration or stop).
         if self.link.first_of([feature_grads_envelope(it), self.opening(after)]) == 1:
             self.link.report.skipped()
             return

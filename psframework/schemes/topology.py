@@ -41,21 +41,21 @@ def join(settings: Settings, scheme: Scheme, comm: Any) -> Topology:
 
 
 def server_link(settings: Settings, node: Node) -> ServerLink:
-    """Return a server's rounds with its workers (a sharded server's: over its shard's communicator)."""
-    from psframework.comm.rounds import ServerRounds
+    """Return a server's link to its workers (a sharded server's: over its shard's communicator)."""
+    from psframework.comm.rounds import MPIServerLink
 
     roles, transport = node.shards[0] if node.shards else (node.roles, node.transport)
-    return ServerRounds(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
-                        lost=LOSS)
+    return MPIServerLink(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
+                         lost=LOSS)
 
 
 def worker_link(node: Node) -> WorkerLink:
-    """Return a worker's rounds with its server, or with every shard's server (joined into one link)."""
-    from psframework.comm.rounds import ShardedWorkerRounds, WorkerRounds
+    """Return a worker's link to its server, or to every shard's server (joined into one link)."""
+    from psframework.comm.rounds import MPIWorkerLink, ShardedWorkerLink
 
     if node.shards:
-        return ShardedWorkerRounds([WorkerRounds(t, r) for r, t in node.shards])
-    return WorkerRounds(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
+        return ShardedWorkerLink([MPIWorkerLink(t, r) for r, t in node.shards])
+    return MPIWorkerLink(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
 
 
 def detach_after(settings: Settings) -> Optional[int]:

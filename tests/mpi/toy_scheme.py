@@ -1,7 +1,7 @@
 """A scheme added from outside the package: data-parallel gradient averaging in a few lines.
 
-It uses only the public pieces: the driver's ServerSide/WorkerSide, the round layer (ServerRounds,
-WorkerRounds, Msg) and the registry. Run it like `psf`:
+It uses only the public pieces: the driver's ServerSide/WorkerSide, the links they are given (ServerLink,
+WorkerLink) with the message vocabulary (Msg), and the registry. Run it like `psf`:
     mpiexec -n 3 python -m mpi4py tests/mpi/toy_scheme.py train CONFIG scheme=toy-average ...
 """
 

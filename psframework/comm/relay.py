@@ -1,8 +1,8 @@
-"""Point-to-point shard exchange among workers: the transport of the relay dissemination.
+"""Point-to-point packet relay among workers: the transport of the relay dissemination.
 
 Worker j holds packet j (received from the server), sends it to the other workers and receives
 theirs until it has k packets, counting its own: with a straggler-tolerant code any k suffice. It
-may send to k - 1 peers first and to the others later (`send_shard` with `peers`): when every
+may send to k - 1 peers first and to the others later (`send_packet` with `peers`): when every
 worker does so in rotation, each gets the k - 1 packets it needs from the first sends, and the
 later ones only stand in for a peer that is slow.
 """
@@ -24,15 +24,15 @@ def relay_order(rank: int, size: int) -> List[int]:
 
 
 @dataclass
-class ShardExchange:
+class PacketExchange:
     """The packets received (own packet included) and the sends still leaving."""
 
     received: FirstK
     sends: List[SendHandle]
 
 
-def send_shard(transport: Transport, packet: Any, envelope: Envelope,
-               peers: Optional[Sequence[int]] = None) -> List[SendHandle]:
+def send_packet(transport: Transport, packet: Any, envelope: Envelope,
+                peers: Optional[Sequence[int]] = None) -> List[SendHandle]:
     """Start sending `packet` to `peers` (default: every other rank of the transport); return the sends.
 
     A worker may send a packet on as soon as it arrives, iterations ahead of the one it computes.
@@ -41,12 +41,12 @@ def send_shard(transport: Transport, packet: Any, envelope: Envelope,
     return [transport.isend(peer, packet, envelope) for peer in (everyone if peers is None else peers)]
 
 
-def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
-                    timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None,
-                    sends: Optional[List[SendHandle]] = None) -> ShardExchange:
+def exchange_packets(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
+                     timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None,
+                     sends: Optional[List[SendHandle]] = None) -> PacketExchange:
     """Send `packet` to every other rank of the transport and wait for k packets, own one included.
 
-    `sends`: the packet has been sent already (send_shard, as soon as it arrived); only wait.
+    `sends`: the packet has been sent already (send_packet, as soon as it arrived); only wait.
     Returns when k packets are in (all by default): `received.arrived` starts with this rank, then the
     peers in the order their packets were seen. Every peer's messages come through its mailbox, taken
     off the wire as they arrive whatever their iteration, so a peer that lags or skips ahead never
@@ -62,7 +62,7 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Op
     for box in boxes.values():  # packets of earlier iterations can no longer be needed
         box.discard(lambda e: e.iteration >= envelope.iteration)
     if sends is None:
-        sends = send_shard(transport, packet, envelope)
+        sends = send_packet(transport, packet, envelope)
     start = time.perf_counter()
     seen: List[int] = []
 
@@ -79,4 +79,4 @@ def exchange_shards(transport: Transport, packet: Any, envelope: Envelope, k: Op
     data = {me: packet}
     data.update({p: boxes[p].take(envelope) for p in seen})
     late = [p for p in peers if p not in seen]
-    return ShardExchange(FirstK(envelope, k, [me] + seen, wait_s, data, late), sends)
+    return PacketExchange(FirstK(envelope, k, [me] + seen, wait_s, data, late), sends)

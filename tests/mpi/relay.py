@@ -1,4 +1,4 @@
-"""Point-to-point shard exchange among workers (5 ranks: server + 4 workers).
+"""Point-to-point packet relay among workers (5 ranks: server + 4 workers).
 
 Checks: the relay flow (server sends packet j to worker j, workers forward and gather) round-trips
 every packet bit for bit in several dtypes; with k < n a delayed worker is left out and drained
@@ -13,7 +13,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from psframework.comm import Envelope, Kind, Phase, Transport, exchange_shards, setup_roles
+from psframework.comm import Envelope, Kind, Phase, Transport, exchange_packets, setup_roles
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.uint8]
 SHAPE = (3, 5, 7)
@@ -44,17 +44,17 @@ def main() -> None:
     else:
         assert roles.workers_comm == MPI.COMM_NULL and roles.worker_index == -1
     down = lambda it: Envelope(Kind.COMMAND, it, layer=1, phase=Phase.FORWARD)  # noqa: E731
-    shard = lambda it: Envelope(Kind.SHARD, it, layer=1, phase=Phase.FORWARD)  # noqa: E731
-    rounds = [(it, dtype) for it, dtype in enumerate(DTYPES)]
+    relayed = lambda it: Envelope(Kind.PACKET, it, layer=1, phase=Phase.FORWARD)  # noqa: E731
+    cases = [(it, dtype) for it, dtype in enumerate(DTYPES)]
     if roles.is_server:
-        for it, dtype in rounds + [(len(DTYPES), torch.float32)]:
+        for it, dtype in cases + [(len(DTYPES), torch.float32)]:
             for w in roles.workers:
                 world.isend(w, packet(w, it, dtype), down(it))
         acks = world.post_gather(roles.workers, Envelope(Kind.CONTROL, 99)).wait()
         assert sorted(acks.arrived) == list(roles.workers)
         world.drain(5.0)
         roles.comm.Barrier()
-        print("OK exchange", flush=True)
+        print("OK relay", flush=True)
         world.close()
         roles.free()
         return
@@ -64,10 +64,10 @@ def main() -> None:
     world_of = {p: p + 1 for p in range(n)}  # worker-communicator rank -> world rank
 
     # 1. relay: every packet round-trips exactly, all n gathered
-    for it, dtype in rounds:
+    for it, dtype in cases:
         mine = world.recv(0, down(it))
         assert same_bits(mine, packet(roles.rank, it, dtype))
-        ex = exchange_shards(peers, mine, shard(it))
+        ex = exchange_packets(peers, mine, relayed(it))
         assert sorted(ex.received.arrived) == list(range(n)) and ex.received.arrived[0] == me
         for p, got in ex.received.data.items():
             assert same_bits(got, packet(world_of[p], it, dtype)), (it, dtype, p)
@@ -78,7 +78,7 @@ def main() -> None:
     slow = n - 1
     if me == slow:
         time.sleep(DELAY)
-    ex = exchange_shards(peers, mine, shard(it), k=n if me == slow else 2)
+    ex = exchange_packets(peers, mine, relayed(it), k=n if me == slow else 2)
     if me == slow:
         assert sorted(ex.received.arrived) == list(range(n))
     else:
@@ -89,9 +89,9 @@ def main() -> None:
         assert same_bits(ex.received.data[p], packet(world_of[p], it, torch.float32))
 
     # 3. iterations out of order between workers 0 and 1 of the worker communicator, on a transport
-    # of their own (the exchange above takes everything from its peers through mailboxes)
-    exchanged, peers = peers, Transport(roles.workers_comm, timeout_s=30.0)
-    probe = Envelope(Kind.SHARD, 10, layer=7, phase=Phase.BACKWARD)
+    # of their own (the relay above takes everything from its peers through mailboxes)
+    relay_peers, peers = peers, Transport(roles.workers_comm, timeout_s=30.0)
+    probe = Envelope(Kind.PACKET, 10, layer=7, phase=Phase.BACKWARD)
     if me == 1:
         peers.send(0, torch.tensor([11.0]), probe.with_iteration(11))  # iteration 10 skipped
         peers.send(0, torch.tensor([20.0]), probe.with_iteration(20))  # never received: stale
@@ -105,20 +105,20 @@ def main() -> None:
         else:
             raise AssertionError("a later iteration was accepted for an earlier receive")
         assert peers.stats.future_kept == 1
-        assert peers.has_message(1, Kind.SHARD, 7, Phase.BACKWARD)
+        assert peers.has_message(1, Kind.PACKET, 7, Phase.BACKWARD)
         assert peers.recv(1, probe.with_iteration(11)).item() == 11.0
         assert peers.recv(1, probe.with_iteration(21)).item() == 21.0
         assert peers.stats.stale_discarded == 1, peers.stats
-        assert not peers.has_message(1, Kind.SHARD, 7, Phase.BACKWARD)
+        assert not peers.has_message(1, Kind.PACKET, 7, Phase.BACKWARD)
 
-    for transport in (exchanged, peers):
+    for transport in (relay_peers, peers):
         report = transport.drain(5.0)
         assert report.unfinished_sends == 0 and not transport.pending()[0], (report, transport.pending())
     world.send(0, torch.tensor(1), Envelope(Kind.CONTROL, 99))
     world.drain(5.0)
     roles.comm.Barrier()
     peers.close()
-    exchanged.close()
+    relay_peers.close()
     world.close()
     roles.free()
 
