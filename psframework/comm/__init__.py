@@ -17,7 +17,7 @@ _EXPORTS = {
     "CudaAwareness": "cuda", "detect_cuda_aware": "cuda", "resolve_cuda_aware": "cuda",
     "Transport": "transport", "TransportStats": "transport", "FirstK": "transport", "Gather": "transport",
     "SendHandle": "transport", "DrainReport": "transport",
-    "PacketExchange": "relay", "exchange_packets": "relay", "send_packet": "relay", "Mailbox": "mailbox",
+    "RelayedPackets": "relay", "gather_packets": "relay", "send_packet": "relay", "Mailbox": "mailbox",
     "Roles": "roles", "setup_roles": "roles",
     "MPIServerLink": "rounds", "MPIWorkerLink": "rounds", "ShardedWorkerLink": "rounds", "Msg": "rounds",
     "Replies": "rounds", "WorkerReport": "rounds",
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cuda import CudaAwareness, detect_cuda_aware, resolve_cuda_aware
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
     from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
-    from .relay import PacketExchange, exchange_packets, send_packet
+    from .relay import RelayedPackets, gather_packets, send_packet
     from .mailbox import Mailbox
     from .roles import Roles, setup_roles
     from .rounds import MPIServerLink, MPIWorkerLink, Msg, Replies, ShardedWorkerLink, WorkerReport

@@ -24,7 +24,7 @@ def relay_order(rank: int, size: int) -> List[int]:
 
 
 @dataclass
-class PacketExchange:
+class RelayedPackets:
     """The packets received (own packet included) and the sends still leaving."""
 
     received: FirstK
@@ -41,9 +41,9 @@ def send_packet(transport: Transport, packet: Any, envelope: Envelope,
     return [transport.isend(peer, packet, envelope) for peer in (everyone if peers is None else peers)]
 
 
-def exchange_packets(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
-                     timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None,
-                     sends: Optional[List[SendHandle]] = None) -> PacketExchange:
+def gather_packets(transport: Transport, packet: Any, envelope: Envelope, k: Optional[int] = None, *,
+                   timeout_s: Any = DEFAULT, interrupt: Optional[Callable[[], None]] = None,
+                   sends: Optional[List[SendHandle]] = None) -> RelayedPackets:
     """Send `packet` to every other rank of the transport and wait for k packets, own one included.
 
     `sends`: the packet has been sent already (send_packet, as soon as it arrived); only wait.
@@ -79,4 +79,4 @@ def exchange_packets(transport: Transport, packet: Any, envelope: Envelope, k: O
     data = {me: packet}
     data.update({p: boxes[p].take(envelope) for p in seen})
     late = [p for p in peers if p not in seen]
-    return PacketExchange(FirstK(envelope, k, [me] + seen, wait_s, data, late), sends)
+    return RelayedPackets(FirstK(envelope, k, [me] + seen, wait_s, data, late), sends)

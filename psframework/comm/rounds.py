@@ -634,7 +634,7 @@ class MPIWorkerLink:
             self.peers.progress()
 
     def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> Any:
-        """Relay packets among the workers until k are in (relay dissemination); see exchange_packets.
+        """Relay packets among the workers until k are in (relay dissemination); see gather_packets.
 
         Then forget the packets kept back (flow control) that a peer can no longer need: those older
         than the latest iteration it has sent, and, once it has sent and acknowledged nothing for
@@ -642,7 +642,7 @@ class MPIWorkerLink:
         server, which detaches a worker silent for half as long, readmits it at a later iteration). A
         slow peer that still answers loses nothing. The watchdog names silent peers by their ranks in the job.
         """
-        from .relay import exchange_packets
+        from .relay import gather_packets
 
         iteration = envelope.iteration
         self._started.setdefault(iteration, time.monotonic())
@@ -653,7 +653,7 @@ class MPIWorkerLink:
         sends = self._forwarded.pop(key, None)
         if sends is None:
             sends = self._relay(key, packet)
-        packets = exchange_packets(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
+        packets = gather_packets(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
                                    interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
         since = self._started.get(iteration - stopped_after + 1)
         for peer in range(self.peers.size):

@@ -13,7 +13,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from psframework.comm import Envelope, Kind, Phase, Transport, exchange_packets, setup_roles
+from psframework.comm import Envelope, Kind, Phase, Transport, gather_packets, setup_roles
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.uint8]
 SHAPE = (3, 5, 7)
@@ -67,7 +67,7 @@ def main() -> None:
     for it, dtype in cases:
         mine = world.recv(0, down(it))
         assert same_bits(mine, packet(roles.rank, it, dtype))
-        ex = exchange_packets(peers, mine, relayed(it))
+        ex = gather_packets(peers, mine, relayed(it))
         assert sorted(ex.received.arrived) == list(range(n)) and ex.received.arrived[0] == me
         for p, got in ex.received.data.items():
             assert same_bits(got, packet(world_of[p], it, dtype)), (it, dtype, p)
@@ -78,7 +78,7 @@ def main() -> None:
     slow = n - 1
     if me == slow:
         time.sleep(DELAY)
-    ex = exchange_packets(peers, mine, relayed(it), k=n if me == slow else 2)
+    ex = gather_packets(peers, mine, relayed(it), k=n if me == slow else 2)
     if me == slow:
         assert sorted(ex.received.arrived) == list(range(n))
     else:
