@@ -654,7 +654,7 @@ class MPIWorkerLink:
         if sends is None:
             sends = self._relay(key, packet)
         packets = gather_packets(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                   interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
+                                 interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
         since = self._started.get(iteration - stopped_after + 1)
         for peer in range(self.peers.size):
             if peer != self.peers.rank:
