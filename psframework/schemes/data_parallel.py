@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -32,42 +32,15 @@ from psframework.models import split_parameters
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.common import Step, build_problem, conv_optimizer, head_optimizer, placement_of
 from psframework.schemes.groups import Group
+from psframework.schemes.vectors import unpack_into
 from psframework.schemes.driver import STOP, Event, Problem, Schedule, ServerSide, StepResult, WorkerSide, steps
 from psframework.settings import Settings
-
-
-def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Return the tensors, detached, as one contiguous float32 vector."""
-    if not tensors:
-        return torch.zeros(0)
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
-
-
-def assign(tensors: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
-    """Copy consecutive pieces of `vector` into `tensors` (in order, each reshaped to fit)."""
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            size = t.numel()
-            t.copy_(vector[offset:offset + size].view_as(t))
-            offset += size
-    if offset != vector.numel():
-        raise ValueError(f"vector of {vector.numel()} values, expected {offset}")
 
 
 def running_stats(module: nn.Module) -> List[torch.Tensor]:
     """Return the BatchNorm running means and variances of a module (empty without BatchNorm)."""
     return [buf for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
             for buf in (m.running_mean, m.running_var)]
-
-
-def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> None:
-    """Set every parameter's .grad from consecutive pieces of `vector`."""
-    offset = 0
-    for p in params:
-        size = p.numel()
-        p.grad = vector[offset:offset + size].view_as(p).clone()
-        offset += size
 
 
 def weighted_sum(vectors: Dict[int, torch.Tensor], weights: Dict[int, float]) -> torch.Tensor:
@@ -130,7 +103,7 @@ class DataParallelServer(ServerSide):
 
     def keep_running_stats(self, stats: Dict[int, torch.Tensor], result: Aggregate) -> None:
         """Set the BatchNorm running statistics the workers keep to their mean, weighted by samples."""
-        assign(running_stats(self.worker_part()), weighted_sum(stats, result.sample_weights()))
+        unpack_into(running_stats(self.worker_part()), weighted_sum(stats, result.sample_weights()))
 
     def worker_part(self) -> nn.Module:
         """Return the part of the model the workers run (the whole model by default)."""

@@ -22,6 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.data import shard, shard_bounds
 from psframework.runtime.preempt import FLAG
+from psframework.schemes.vectors import pack, set_grads
 
 
 def part_size(batch_size: int, group: int, groups: int) -> int:
@@ -187,14 +188,9 @@ class ServerGroup:
         stop = FLAG.requested()
         params = server_parameters(optimizers)
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        flat = torch.cat([g.detach().reshape(-1).to("cpu", torch.float32) for g in grads] +
-                         [torch.tensor([loss, float(stop)], dtype=torch.float32)])
-        total = _summed(self.peers, flat, "the servers' gradient sum")
-        offset = 0
-        for p in params:
-            size = p.numel()
-            p.grad = total[offset:offset + size].view_as(p).to(p.device).clone()
-            offset += size
+        vector = torch.cat([pack(grads).cpu(), torch.tensor([loss, float(stop)], dtype=torch.float32)])
+        total = _summed(self.peers, vector, "the servers' gradient sum")
+        set_grads(params, total[:-2].to(params[0].device) if params else total[:0])
         self.stop = bool(total[-1] > 0)
         return float(total[-2])
 

@@ -27,9 +27,10 @@ from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
 from psframework.data import shard_bounds
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, scale_lr
-from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, assign, flat,
-                                               running_stats, set_grads, weighted_sum)
+from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, running_stats,
+                                               weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
+from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group
 from psframework.settings import Settings
 
@@ -55,7 +56,7 @@ class PSServer(DataParallelServer):
 
     def aggregate(self, step: Step) -> Aggregate:
         params = list(self.model.parameters())
-        vector = flat(params)
+        vector = pack(params)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
         result = self.result(step, replies)
         # Gradients and losses alike: the mean over the samples used.
@@ -90,15 +91,15 @@ class ShardedPSServer(PSServer):
         SGD's step is elementwise, so stepping a region equals stepping the tensors it comes from.
         """
         params = list(self.model.parameters())
-        values = flat(params)
-        momentum = flat([self.optimizer_of(p).state.get(p, {}).get("momentum_buffer", torch.zeros_like(p))
-                         for p in params])
+        values = pack(params)
+        buffers = [momentum_of(self.optimizer_of(p), p) for p in params]
+        momentum = pack([torch.zeros_like(p) if buf is None else buf for p, buf in zip(params, buffers)])
         regions = []
         for start, stop, kind in self.shard_runs(params):
             value = torch.nn.Parameter(values[start:stop].clone())
             opt = (head_optimizer if kind else conv_optimizer)(self.settings.optim, [value])
             if self.settings.optim.momentum > 0:
-                opt.state[value]["momentum_buffer"] = momentum[start:stop].clone()
+                set_momentum(opt, value, momentum[start:stop].clone())
             regions.append(Region(start, stop, value, opt))
         return regions
 
@@ -145,19 +146,18 @@ class ShardedPSServer(PSServer):
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Gather every shard (values and momentum) into the lead's model."""
-        mine = [(r.value.detach().clone(), r.optimizer.state.get(r.value, {}).get("momentum_buffer"))
-                for r in self.regions]
+        mine = [(r.value.detach().clone(), momentum_of(r.optimizer, r.value)) for r in self.regions]
         shards = self.group.gather(mine)
         if shards is None:
             return {}
         regions = [region for shard in shards for region in shard]
         params = list(self.model.parameters())
-        assign(params, torch.cat([value for value, _ in regions]))
+        unpack_into(params, torch.cat([value for value, _ in regions]))
         if self.settings.optim.momentum > 0:
             buffers = [torch.empty_like(p) for p in params]
-            assign(buffers, torch.cat([buf for _, buf in regions]))
+            unpack_into(buffers, torch.cat([buf for _, buf in regions]))
             for p, buf in zip(params, buffers):
-                self.optimizer_of(p).state[p]["momentum_buffer"] = buf
+                set_momentum(self.optimizer_of(p), p, buf)
         return {}
 
 
@@ -170,15 +170,15 @@ class PSWorker(DataParallelWorker):
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
         weights = list(self.model.parameters())
-        assign(weights, params)
+        unpack_into(weights, params)
         t0 = time.perf_counter()
         for p in weights:
             p.grad = None
         with self.link.busy():
             loss = F.cross_entropy(self.model(images), labels)
             loss.backward()
-        grads = flat([p.grad for p in weights])
-        extra = torch.cat([flat(running_stats(self.model)), loss.detach().reshape(1)])
+        grads = pack([p.grad for p in weights])
+        extra = torch.cat([pack(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, t0)
         self.link.reply(torch.cat([grads, extra]), Msg.grads(step.iteration))
 

@@ -32,9 +32,10 @@ from psframework.comm.rounds import Msg
 from psframework.models import Placement, split_parameters
 from psframework.models.cut import cut_model
 from psframework.schemes.common import Step, conv_optimizer, placement_of, scale_lr
-from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, assign, flat,
-                                               running_stats, set_grads, weighted_sum)
+from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, running_stats,
+                                               weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
+from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group, part_size, start_sum, sync_bytes
 from psframework.settings import Settings
 
@@ -70,7 +71,7 @@ class StanzaServer(DataParallelServer):
     def aggregate(self, step: Step) -> Aggregate:
         it, conv = step.iteration, self.trunk
         t0 = time.perf_counter()
-        arrived = self.link.round(flat(conv), Msg.params(it), features_envelope(it), self.needed)
+        arrived = self.link.round(pack(conv), Msg.params(it), features_envelope(it), self.needed)
         forward_s = time.perf_counter() - t0
         shards = self.shards(step)
         result = self.result(step, arrived)
@@ -102,7 +103,7 @@ class StanzaServer(DataParallelServer):
             p.grad = None
         images = self.problem.dataset.train.fetch(indices)[0]
         self.cut.trunk(images).backward(feature_grads)
-        return torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk))])
+        return torch.cat([pack([p.grad for p in self.trunk]), pack(running_stats(self.cut.trunk))])
 
 
 class GroupStanzaServer(StanzaServer):
@@ -150,7 +151,7 @@ class StanzaWorker(DataParallelWorker):
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
         it = step.iteration
-        assign(self.trunk, params)
+        unpack_into(self.trunk, params)
         features = self.forward(it, images)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next iteration or stop).
         if self.link.first_of([feature_grads_envelope(it), self.opening(after)]) == 1:
@@ -176,7 +177,7 @@ class StanzaWorker(DataParallelWorker):
         t0 = time.perf_counter()
         with self.link.busy():
             features.backward(grad)
-        vector = torch.cat([flat([p.grad for p in self.trunk]), flat(running_stats(self.cut.trunk)) * share])
+        vector = torch.cat([pack([p.grad for p in self.trunk]), pack(running_stats(self.cut.trunk)) * share])
         self.straggle(iteration, t0)
         return vector
 
@@ -217,7 +218,7 @@ class GroupStanzaWorker(StanzaWorker):
         count = sum(p.numel() for p in self.trunk)
         set_grads(self.trunk, total[:count])
         self.conv_opt.step()
-        assign(running_stats(self.cut.trunk), total[count:])
+        unpack_into(running_stats(self.cut.trunk), total[count:])
 
     def sync(self, iteration: int) -> None:
         """Send the server the conv stack's state (several servers: this worker steps it)."""
@@ -232,22 +233,22 @@ class GroupStanzaWorker(StanzaWorker):
 
 def trunk_state(trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer, module: nn.Module) -> torch.Tensor:
     """Return the conv stack's parameters, momentum buffers (zeros without) and running statistics, flat."""
-    momentum = [opt.state.get(p, {}).get("momentum_buffer") for p in trunk]
+    momentum = [momentum_of(opt, p) for p in trunk]
     buffers = [torch.zeros_like(p) if m is None else m for p, m in zip(trunk, momentum)]
-    return torch.cat([flat(trunk), flat(buffers), flat(running_stats(module))])
+    return torch.cat([pack(trunk), pack(buffers), pack(running_stats(module))])
 
 
 def load_trunk_state(state: torch.Tensor, trunk: Sequence[nn.Parameter], opt: torch.optim.Optimizer,
                      module: nn.Module) -> None:
     """Set the conv stack's parameters, momentum buffers and running statistics from `trunk_state`."""
     count = sum(p.numel() for p in trunk)
-    assign(trunk, state[:count])
+    unpack_into(trunk, state[:count])
     if opt.defaults.get("momentum", 0.0) > 0:
         buffers = [torch.empty_like(p) for p in trunk]
-        assign(buffers, state[count:2 * count])
+        unpack_into(buffers, state[count:2 * count])
         for p, buf in zip(trunk, buffers):
-            opt.state[p]["momentum_buffer"] = buf
-    assign(running_stats(module), state[2 * count:])
+            set_momentum(opt, p, buf)
+    unpack_into(running_stats(module), state[2 * count:])
 
 
 def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
