@@ -1,29 +1,32 @@
 """The coded model-parallel algorithm, apart from its transport.
 
-`CodedServer` runs one training iteration given an `Exchange` that delivers a layer's tensor to the
-workers and returns the replies the server decodes from (any k of n); `CodedWorker` is what one
-worker does with the commands it receives. The MPI schemes plug an MPI exchange in; tests plug an
-in-process one, so the arithmetic is checked against the reference trainer without MPI.
+`CodedServer` runs one training iteration through an `Exchange` that delivers a layer's tensor to
+the workers and returns the replies the server decodes from (any k of n); `CodedWorker` is what one
+worker does with the commands it receives. The MPI sides plug an MPI exchange in (exchange.py);
+tests plug an in-process one, so the arithmetic is checked against the reference trainer without MPI.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from psframework.codes import Code
-from psframework.models import Placement, remote_convs
+from psframework.comm.envelope import Phase
+from psframework.schemes.coded.layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
+                                              weight_grad_pieces)
+from psframework.schemes.coded.plan import Command, CommandPlan
+from psframework.schemes.coded.remote import remote_convs
+from psframework.schemes.coded.state import encode_state
 from psframework.schemes.common import make_optimizer, scale_lr
-from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
-                                              encode_layer, weight_grad_pieces)
+from psframework.schemes.groups import Group
+from psframework.schemes.vectors import momentum_of, pack, set_momentum, unpack
+from psframework.settings import OptimSettings
 
-FORWARD, BACKWARD = 0, 1  # the two passes of a coded layer
 Reduce = Callable[[torch.Tensor], Callable[[], torch.Tensor]]  # start a sum; the callable it returns waits for it
 
 
@@ -57,12 +60,8 @@ class CodedWorker:
     """
 
     def __init__(self, j: int, code: Code, codings: List[LayerCoding], weights: List[CodedWeights],
-                 lr: float, momentum: float, nesterov: bool, weight_decay: float, reduce: Optional[Reduce] = None):
+                 optim: OptimSettings) -> None:
         self.j = j
-        # With several groups: start summing a layer's coded gradient with the other holders of packet j;
-        # the step waits for the sum until the layer's weights are next needed (its next forward).
-        self.reduce = reduce
-        self.pending: Dict[int, Tuple[Callable[[], torch.Tensor], List[torch.Size]]] = {}
         self.deferred: Dict[int, Update] = {}
         self.code = code
         self.codings = codings
@@ -71,8 +70,21 @@ class CodedWorker:
             for t in w.tensors():
                 t.requires_grad_(False)
         # SGD only: a linear step keeps every coded copy an exact image of one weight.
-        self.optimizers = [make_optimizer(w.tensors(), "sgd", lr, momentum, nesterov, weight_decay) for w in weights]
+        self.optimizers = [make_optimizer(w.tensors(), "sgd", optim.lr, optim.momentum, optim.nesterov,
+                                          optim.weight_decay) for w in weights]
         self.inputs: List[Optional[torch.Tensor]] = [None] * len(codings)
+
+    @classmethod
+    def from_state(cls, j: int, code: Code, codings: List[LayerCoding], state: torch.Tensor, optim: OptimSettings,
+                   **extra: Reduce) -> "CodedWorker":
+        """Return worker j holding its packets of an uncoded conv state (`state.conv_state_tensors`, flat)."""
+        weights, buffers = encode_state(code, codings, state, j)
+        worker = cls(j, code, codings, weights, optim, **extra)
+        if optim.momentum > 0:
+            for opt, w, m in zip(worker.optimizers, weights, buffers):
+                for tensor, buf in zip(w.tensors(), m.tensors()):
+                    set_momentum(opt, tensor, buf.clone())
+        return worker
 
     def on_forward(self, layer: int, x: torch.Tensor, reply: bool = True) -> Optional[torch.Tensor]:
         """Keep X_{l-1} for the update; return the coded output unless the reply is stale."""
@@ -112,34 +124,31 @@ class CodedWorker:
         self._apply(layer)
         return False
 
+    def settle(self, layer: Optional[int] = None) -> None:
+        """Apply the queued updates: one layer's, or every layer's (in ascending order, the forward order)."""
+        for index in self._unsettled() if layer is None else [layer]:
+            if index in self.deferred:
+                self._apply(index)
+            self._finish(index)
+
+    def _unsettled(self) -> List[int]:
+        """Return the layers whose updates are not all applied yet."""
+        return sorted(self.deferred)
+
     def _apply(self, layer: int) -> None:
-        """Finish the layer's queued update: its remaining gradients, then the step (or the start of their sum)."""
+        """Finish the layer's queued update: its remaining gradients, then the step (`_conclude`)."""
         task = self.deferred.pop(layer)
         grads = task.grads + [g for piece in task.pieces for g in piece()]
         self.inputs[layer] = None
         scale_lr([self.optimizers[layer]], task.lr_factor)
-        if self.reduce is None:
-            self._step(layer, grads)
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending[layer] = (self.reduce(flat), [g.shape for g in grads])
+        self._conclude(layer, grads)
 
-    def settle(self, layer: Optional[int] = None) -> None:
-        """Apply the queued updates and those whose gradient sums are in flight: one layer's, or every layer's.
+    def _conclude(self, layer: int, grads: List[torch.Tensor]) -> None:
+        """Step the layer with its gradients."""
+        self._step(layer, grads)
 
-        Layers go in ascending order, the order of the forward pass: the holders of packet j in every
-        group start their sums in the same order.
-        """
-        for index in sorted(set(self.deferred) | set(self.pending)) if layer is None else [layer]:
-            if index in self.deferred:
-                self._apply(index)
-            if index in self.pending:
-                finish, shapes = self.pending.pop(index)
-                total, grads, offset = finish(), [], 0
-                for shape in shapes:
-                    grads.append(total[offset:offset + shape.numel()].view(shape))
-                    offset += shape.numel()
-                self._step(index, grads)
+    def _finish(self, layer: int) -> None:
+        """Take the steps still owed to a layer: none, each was taken when its update was applied."""
 
     def _step(self, layer: int, grads: Sequence[torch.Tensor]) -> None:
         for t, g in zip(self.weights[layer].tensors(), grads):
@@ -158,25 +167,39 @@ class CodedWorker:
         out: List[torch.Tensor] = []
         for w, opt in zip(self.weights, self.optimizers):
             for t in w.tensors():
-                out.append(t)
-                buf = opt.state.get(t, {}).get("momentum_buffer")
-                out.append(buf if buf is not None else torch.zeros_like(t))
+                buf = momentum_of(opt, t)
+                out += [t, torch.zeros_like(t) if buf is None else buf]
         return out
 
 
-def conv_weights(model: nn.Module, codings: List[LayerCoding], names: Sequence[str]
-                 ) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """Return the (weight, bias or None) of the model's coded convolutions, detached."""
-    modules = dict(model.named_modules())
-    return [(modules[n].weight.detach(), None if modules[n].bias is None else modules[n].bias.detach())
-            for n in names]
+class SummingCodedWorker(CodedWorker):
+    """Worker j of one of several groups: sums each coded gradient with the holders of packet j in the
+    other groups before the step (the sum of the groups' coded gradients is the coded image of the
+    whole batch's gradient).
 
+    A layer's sum starts when its update is applied; the step waits for the sum until the layer's
+    weights are next needed (its next forward). Every holder of packet j starts its sums in the same
+    order: ascending layers within `settle`, the forward order.
+    """
 
-def encode_worker_weights(model: nn.Module, code: Code, codings: List[LayerCoding], names: Sequence[str],
-                          j: int) -> List[CodedWeights]:
-    """Return worker j's coded copies of every coded convolution of `model`."""
-    with torch.no_grad():
-        return [encode_layer(c, code, w, b, j)[0] for c, (w, b) in zip(codings, conv_weights(model, codings, names))]
+    def __init__(self, j: int, code: Code, codings: List[LayerCoding], weights: List[CodedWeights],
+                 optim: OptimSettings, reduce: Reduce) -> None:
+        super().__init__(j, code, codings, weights, optim)
+        self.reduce = reduce
+        self.pending: Dict[int, Tuple[Callable[[], torch.Tensor], List[torch.Size]]] = {}
+
+    def _unsettled(self) -> List[int]:
+        return sorted(set(self.deferred) | set(self.pending))
+
+    def _conclude(self, layer: int, grads: List[torch.Tensor]) -> None:
+        """Start summing the layer's coded gradient with the other groups; the step waits for the sum."""
+        self.pending[layer] = (self.reduce(pack(grads)), [g.shape for g in grads])
+
+    def _finish(self, layer: int) -> None:
+        """Wait for the layer's gradient sum, if one is in flight, and step with it."""
+        if layer in self.pending:
+            finish, shapes = self.pending.pop(layer)
+            self._step(layer, unpack(finish(), shapes))
 
 
 class CodedServer:
@@ -185,18 +208,41 @@ class CodedServer:
     The model runs in its own order with each coded Conv2d replaced by a remote convolution whose
     forward sends X and decodes Y from the first k replies and whose backward sends dY and decodes
     dX; everything else (BatchNorm, activations, pooling, residual additions, the head) runs here on
-    the decoded tensors, so autograd keeps the model's structure.
+    the decoded tensors, so autograd keeps the model's structure. `group` is this server's place
+    among the servers: its share of the loss, BatchNorm over the whole batch, the sum of gradients.
     """
 
-    def __init__(self, model: nn.Module, code: Code, codings: List[LayerCoding], placement: Placement,
-                 optimizers: Sequence[Optional[torch.optim.Optimizer]]):
+    def __init__(self, model: nn.Module, code: Code, codings: List[LayerCoding], plan: CommandPlan,
+                 optimizers: Sequence[Optional[torch.optim.Optimizer]], exchange: Exchange, group: Group) -> None:
         self.model = model
         self.code = code
         self.codings = codings
-        self.placement = placement
+        self.plan = plan
         # The optimizers of what rank 0 trains: the head, BatchNorm and (naive scheme) the conv layers.
         self.optimizers = [opt for opt in optimizers if opt is not None]
-        self.decode_s = 0.0  # seconds spent decoding, accumulated over steps
+        self.exchange = exchange
+        self.group = group
+        self.decode_s = 0.0  # seconds spent decoding in the last step
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Run one iteration on this server's batch (x, y); return the loss of the whole batch."""
+        self.decode_s = 0.0
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        rounds = _Rounds(self)
+        with remote_convs(self.model, self.plan.names, rounds), self.group.batchnorm(self.model):
+            scores = self.model(x)  # the forward rounds, one per coded convolution, and the layers between
+            loss = self.group.loss(scores, y)
+            loss.backward()  # the backward rounds, in the plan's order
+        rounds.finish()
+        value = self.group.sum_gradients(self.optimizers, float(loss.detach()))
+        for opt in self.optimizers:
+            opt.step()
+        return value
+
+    def timings(self) -> Dict[str, float]:
+        """Return the seconds the last step spent decoding."""
+        return {"decode_s": self.decode_s}
 
     def decode(self, coding: LayerCoding, replies: Dict[int, torch.Tensor], length: int) -> torch.Tensor:
         """Decode a layer's channels from the replies, timing it."""
@@ -205,91 +251,40 @@ class CodedServer:
         self.decode_s += time.perf_counter() - t0
         return out
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, exchange: Exchange, group: Any = None) -> float:
-        """Run one iteration on the global batch (x, y), or with a server group on its part; return the loss.
-
-        With a group (schemes.groups.ServerGroup) the loss is this part's share of the global batch's
-        mean, BatchNorm uses the whole batch's statistics, and rank 0's gradients are summed over the servers.
-        """
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-        session = _Rounds(self, exchange)
-        with remote_convs(self.model, self.placement.coded_names, session), \
-                (nullcontext() if group is None else group.batchnorm(self.model)):
-            scores = self.model(x)
-            loss = F.cross_entropy(scores, y) if group is None else group.loss(scores, y)
-            loss.backward()
-        session.finish()
-        value = float(loss.detach())
-        if group is not None:
-            value = group.sum_gradients(self.optimizers, value)
-        for opt in self.optimizers:
-            opt.step()
-        return value
-
 
 class _Rounds:
     """The session of one iteration: each remote convolution's call becomes a round, in the planned order."""
 
-    def __init__(self, server: CodedServer, exchange: Exchange) -> None:
-        self.server, self.exchange = server, exchange
-        placement = server.placement
-        self.plan = [(FORWARD, c.index) for c in placement.coded] + [(BACKWARD, i) for i in placement.backward_order]
+    def __init__(self, server: CodedServer) -> None:
+        self.server, self.exchange, self.plan = server, server.exchange, server.plan
         self.position = 0
 
-    def expect(self, kind: int, index: int) -> None:
+    def expect(self, command: Command) -> None:
         """Check that the model calls its coded convolutions in the order the workers follow."""
-        planned = self.plan[self.position] if self.position < len(self.plan) else None
-        if planned != (kind, index):
-            name = self.server.placement.coded[index].name
-            raise RuntimeError(f"model: convolution {name!r} ran its {'backward' if kind else 'forward'} pass out of "
-                               "the traced order; coded schemes need a forward pass without data-dependent "
-                               "control flow")
+        passes = self.plan.passes
+        if self.position >= len(passes) or passes[self.position] != command:
+            name = self.plan.names[command.layer]
+            raise RuntimeError(f"model: convolution {name!r} ran its {command.phase.name.lower()} pass out of the "
+                               "traced order; coded schemes need a forward pass without data-dependent control flow")
         self.position += 1
 
     def forward(self, index: int, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        self.expect(FORWARD, index)
+        self.expect(Command(Phase.FORWARD, index))
         coding = self.server.codings[index]
         return self.server.decode(coding, self.exchange.forward(index, x.detach()), coding.out_channels)
 
     def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
-        self.expect(BACKWARD, index)
-        coding = self.server.codings[index]
-        replies = self.exchange.backward(index, dy, want_reply=coding.has_column_copy)
-        if not coding.has_column_copy:
+        command = Command(Phase.BACKWARD, index)
+        self.expect(command)
+        want_reply = self.plan.wants_reply(command)
+        replies = self.exchange.backward(index, dy, want_reply)
+        if not want_reply:
             return None
-        return self.server.decode(coding, replies, coding.in_channels)
+        return self.server.decode(self.server.codings[index], replies, self.server.codings[index].in_channels)
 
     def finish(self) -> None:
         """Check that every planned round ran."""
-        if self.position != len(self.plan):
-            raise RuntimeError(f"model: {len(self.plan) - self.position} coded convolution passes of the traced "
-                               "order did not run; coded schemes need a forward pass without data-dependent "
+        if self.position != len(self.plan.passes):
+            raise RuntimeError(f"model: {len(self.plan.passes) - self.position} coded convolution passes of the "
+                               "traced order did not run; coded schemes need a forward pass without data-dependent "
                                "control flow")
-
-
-def decode_conv_state(code: Code, codings: List[LayerCoding], states: Dict[int, List[torch.Tensor]]
-                      ) -> List[Dict[str, torch.Tensor]]:
-    """Decode uncoded weights, biases and momentum buffers from k workers' `CodedWorker.state()`.
-
-    Each layer gives {"weight", "weight_momentum", "bias", "bias_momentum", "col_weight"}; the bias
-    entries are None for a layer without bias, "col_weight" for a layer without a column copy.
-    """
-    layers, base = [], 0
-    for coding in codings:
-        layer: Dict[str, Any] = {"bias": None, "bias_momentum": None, "col_weight": None}
-        for name in tensor_names(coding):
-            for offset, key in enumerate((name, f"{name}_momentum")):
-                part = {j: s[base + offset] for j, s in states.items()}
-                if name == "col_weight":
-                    layer[key] = coding.decode(code, part, axis=1, length=coding.in_channels)
-                else:
-                    layer[key] = coding.decode(code, part, axis=0, length=coding.out_channels)
-            base += 2
-        layers.append(layer)
-    return layers
-
-
-def tensor_names(coding: LayerCoding) -> List[str]:
-    """Return the names of a layer's coded tensors in `CodedWeights.tensors` order."""
-    return ["weight"] + (["bias"] if coding.has_bias else []) + (["col_weight"] if coding.has_column_copy else [])

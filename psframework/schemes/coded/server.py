@@ -1,45 +1,43 @@
-"""Coded model-parallel training over MPI: `sazd` (DEU), `poly` and `uncoded`.
+"""The server side of coded model-parallel training over MPI: `sazd` (DEU), `poly` and `uncoded`.
 
 Rank 0 decodes every conv layer's output from the first k replies, applies BatchNorm/ReLU/pooling,
-runs the FC head and decodes input gradients. Ranks 1..n hold packet j of each conv layer's row- and
-column-coded weights and update them themselves (distributed encoding and updating). Both sides
-follow the driver's plan, so a worker always knows which command comes next: it skips a reply once
-the next command is already waiting (the server no longer needs it), but applies every update, in
-order. The base classes here also carry the naive scheme (schemes/sazd_naive.py).
+runs the FC head and decodes input gradients; ranks 1..n (worker.py) hold packet j of each conv
+layer's row- and column-coded weights and update them themselves (distributed encoding and
+updating). The base class here also carries the naive scheme (naive.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from abc import abstractmethod
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
-from psframework.comm.envelope import Kind, Phase
+from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
+from psframework.models import Placement
 from psframework.runtime.stragglers import Stragglers
-from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state
-from psframework.schemes.coded_layers import LayerCoding, encode_layer, layer_codings
-from psframework.schemes.coded_parts import (BACKWARD, FORWARD, Dissemination, activation_shapes, code_of,
-                                             conv_state_shapes, conv_state_tensors, flatten, rel_diff, unflatten,
+from psframework.schemes.coded.core import CodedServer
+from psframework.schemes.coded.dissemination import Dissemination
+from psframework.schemes.coded.exchange import MpiExchange, Payloads
+from psframework.schemes.coded.layers import code_of, layer_codings
+from psframework.schemes.coded.plan import Command, command_plan
+from psframework.schemes.coded.state import (Momentum, conv_state_tensors, decode_conv_state, rel_diff,
                                              worker_state_shapes)
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of
-from psframework.schemes.groups import Group, part_size, start_sum
-from psframework.schemes.driver import Event, Problem, Schedule, ServerSide, StepResult, SYNC, STOP, WorkerSide
+from psframework.schemes.driver import Problem, Schedule, ServerSide, StepResult
+from psframework.schemes.groups import Group, sync_bytes
+from psframework.schemes.vectors import pack, unpack
 from psframework.settings import Settings
-
-Payloads = Tuple[Optional[List[torch.Tensor]], Optional[List[torch.Tensor]]]
-
-
-def phase_of(kind: str) -> int:
-    """Return the message phase of a forward or backward command."""
-    return Phase.FORWARD if kind == FORWARD else Phase.BACKWARD
 
 
 class CodedServerBase(ServerSide):
     """Rank 0 of a coded scheme: one round per conv layer and pass, decoded from the first k replies."""
+
+    workers_update = True  # the workers hold the coded weights and update them in every backward pass (DEU)
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
@@ -47,6 +45,7 @@ class CodedServerBase(ServerSide):
         self.n, self.k = self.code.n, self.code.k
         self.placement = placement_of(settings, self.model)
         self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
+        self.plan = command_plan(self.model, self.placement, self.workers_update, settings.model.name)
         self.conv_modules = [dict(self.model.named_modules())[n] for n in self.placement.coded_names]
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
@@ -54,8 +53,9 @@ class CodedServerBase(ServerSide):
             link.rotate_subsets(self.k)
         link.require(self.k)
         self.optimizers = self.server_optimizers() + self.conv_optimizers()
-        self.core = CodedServer(self.model, self.code, self.codings, self.placement, self.optimizers)
-        self.iteration, self.encode_s = 0, 0.0
+        self.exchange = MpiExchange(link, self.k, self.payloads)
+        self.core = CodedServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
+                                self.group)
 
     def server_optimizers(self) -> List[torch.optim.Optimizer]:
         """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""
@@ -70,43 +70,20 @@ class CodedServerBase(ServerSide):
         return []
 
     @abstractmethod
-    def payloads(self, kind: str, layer: int, x: torch.Tensor) -> Payloads:
-        """Return what each worker gets for a command, and a second tensor per worker or None."""
+    def payloads(self, command: Command, x: torch.Tensor) -> Payloads:
+        """Return what each worker gets for a pass of the plan (see exchange.Payloads)."""
 
     def describe(self) -> str:
         return f", {self.code!r}, dissemination {self.settings.transport.dissemination}"
 
     def step(self, step: Step) -> StepResult:
-        self.iteration, self.encode_s, self.core.decode_s = step.iteration, 0.0, 0.0
-        self.link.begin_iteration()
-        if self.group is not None:
-            self.group.begin(len(step.indices))
-        loss = self.core.step(*self.problem.dataset.train.fetch(self.batch_indices(step)), self, self.group)
-        timings = {**self.link.clock.timings, "encode_s": self.encode_s, "decode_s": self.core.decode_s}
+        self.exchange.begin(step.iteration)
+        self.group.begin(len(step.indices))
+        loss = self.core.step(*self.problem.dataset.train.fetch(self.batch_indices(step)))
+        timings = {**self.exchange.timings(), **self.core.timings()}
         delays = {str(r): f for r, f in self.stragglers.factors(step.iteration).items() if f}
         return StepResult(loss, timings, {**self.link.iteration_fields(), **self.group.fields(),
                                           "straggler_delays": delays})
-
-    # The exchange CodedServer.step drives: one round per conv layer and pass.
-    def forward(self, layer: int, x: torch.Tensor) -> Dict[int, torch.Tensor]:
-        return self.exchange(FORWARD, layer, x, want_reply=True)
-
-    def backward(self, layer: int, dy: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
-        return self.exchange(BACKWARD, layer, dy, want_reply)
-
-    def exchange(self, kind: str, layer: int, x: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
-        """Send a layer's tensor to every worker; return the first k replies {packet index: reply}."""
-        t0 = time.perf_counter()
-        payloads, extra = self.payloads(kind, layer, x)
-        self.encode_s += time.perf_counter() - t0
-        if payloads is None:
-            return {}
-        it, phase = self.iteration, phase_of(kind)
-        gather = self.link.expect(Msg.reply(it, layer, phase)) if want_reply else None
-        self.link.send(payloads, Msg.command(it, layer, phase))
-        if extra is not None:
-            self.link.send(extra, Msg.params(it, layer, phase=phase))
-        return {} if gather is None else self.link.collect(gather, self.k).data
 
 
 class CodedServerSide(CodedServerBase):
@@ -114,15 +91,15 @@ class CodedServerSide(CodedServerBase):
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
-        self.momentum: Optional[List[Dict[str, torch.Tensor]]] = None
+        self.momentum: Optional[Momentum] = None
         self.verify_max = 0.0
 
-    def payloads(self, kind: str, layer: int, x: torch.Tensor) -> Payloads:
-        coding = self.codings[layer]
-        if kind == BACKWARD and not coding.has_column_copy:
+    def payloads(self, command: Command, x: torch.Tensor) -> Payloads:
+        coding = self.codings[command.layer]
+        if command.phase == Phase.BACKWARD and not coding.has_column_copy:
             # Worker j only needs SA_j(dY) to update a layer without a column copy: send just that.
-            return [p.contiguous() for p in coding.encode(self.code, x, 1)], None
-        return self.dissemination.packets(x), None
+            return Payloads([p.contiguous() for p in coding.encode(self.code, x, 1)])
+        return Payloads(self.dissemination.packets(x))
 
     def start(self, schedule: Schedule) -> None:
         """Send every worker the uncoded conv state; each encodes its own packets (DEU)."""
@@ -130,7 +107,7 @@ class CodedServerSide(CodedServerBase):
 
     def conv_state(self) -> torch.Tensor:
         """Return the uncoded weights and momentum of the coded convolutions as one flat vector."""
-        return flatten(conv_state_tensors(self.model, self.placement.coded_names, self.momentum))
+        return pack(conv_state_tensors(self.model, self.placement.coded_names, self.momentum))
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights (and momentum) from k workers' state into rank 0's model."""
@@ -149,7 +126,7 @@ class CodedServerSide(CodedServerBase):
     def load_worker_states(self, states: Any, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights and momentum from the replies into rank 0's model; verify if asked."""
         shapes = worker_state_shapes(self.codings, self.code)
-        per_worker = {j: unflatten(s, shapes) for j, s in states.data.items()}
+        per_worker = {j: unpack(s, shapes) for j, s in states.data.items()}
         layers = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), self.k)))
         with torch.no_grad():
             for conv, layer in zip(self.conv_modules, layers):
@@ -185,194 +162,14 @@ class CodedServerSide(CodedServerBase):
                 "verify_max_rel_diff": verified}
 
 
-class CodedWorkerBase(WorkerSide):
-    """Worker j of a coded scheme: answers forward and backward commands, layer by layer."""
-
-    def __init__(self, settings: Settings, link: Any) -> None:
-        super().__init__(settings, link)
-        self.code = code_of(settings.code)
-        self.j, self.k = link.index, self.code.k
-        self.placement = placement_of(settings)
-        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        roles = link.roles
-        self.shapes = activation_shapes(self.placement, part_size(settings.data.batch_size, roles.group, roles.groups))
-        self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
-        self.stragglers = Stragglers(settings.stragglers, link.job_workers)
-        self.order = self.command_order()
-        self.schedule: Optional[Schedule] = None
-        if self.dissemination.relayed:
-            link.relayed, link.relay_first = self.relays, self.k - 1
-
-    def command_order(self) -> List[Tuple[str, int]]:
-        """Return the (kind, layer) commands of every iteration, in the order the server sends them."""
-        backward = [layer for layer in self.placement.backward_order if self.gets_backward(self.codings[layer])]
-        return [(FORWARD, layer) for layer in range(len(self.codings))] + [(BACKWARD, layer) for layer in backward]
-
-    def gets_backward(self, coding: LayerCoding) -> bool:
-        """Return whether the server sends this worker a layer's backward command (DEU: always, to update)."""
-        return True
-
-    def opening(self, event: Event) -> Any:
-        """Return the envelope of the first server message of a plan event."""
-        if event.kind == SYNC:
-            return Msg.state(event.iteration)
-        if event.kind == STOP:
-            return Msg.stop(event.iteration)
-        kind, layer = self.order[0]
-        return Msg.command(event.iteration, layer, phase_of(kind))
-
-    def start(self, schedule: Schedule) -> None:
-        self.schedule = schedule
-
-    def step(self, step: Step, after: Event) -> None:
-        it = step.iteration
-        following = [Msg.command(it, layer, phase_of(kind)) for kind, layer in self.order[1:]] + [self.opening(after)]
-        for (kind, layer), nxt in zip(self.order, following):
-            self.command(it, kind, layer, nxt)
-
-    def command(self, iteration: int, kind: str, layer: int, nxt: Any) -> None:
-        """Answer one command: compute and reply unless the next command already waits; queue its update."""
-        self.link.progress()  # let peers' late packets drain and this worker's sends finish
-        self.use_spare_time(iteration, kind, layer)
-        x = self.receive(iteration, kind, layer)
-        want = kind == FORWARD or self.codings[layer].has_column_copy
-        stale = want and self.link.has(nxt)
-        t0 = time.perf_counter()
-        out = self.compute(iteration, kind, layer, x, reply=not stale)
-        compute_s = time.perf_counter() - t0
-        report = self.link.report
-        report.add("delay_s", self.delay(iteration, compute_s))
-        if out is not None:
-            # The reply leaves while this worker polls (for the next command, say): no need to wait here.
-            self.link.reply(out.contiguous(), Msg.reply(iteration, layer, phase_of(kind)), wait=False)
-        elif want:
-            report.skipped()
-        if self.dissemination.relayed:  # the later peers' copies go after the reply, off its path
-            self.link.relay_rest(Msg.shard(iteration, layer, phase_of(kind)))
-        self.after_reply(iteration, kind, layer, x)
-        report.add("compute_s", compute_s)
-
-    def use_spare_time(self, iteration: int, kind: str, layer: int) -> None:
-        """Until a forward command arrives, do the deferred work it will need (`spare_work`), piece by piece.
-
-        Deferred work waits for the forward command that needs it: in the backward pass the server
-        waits for one reply after another with little work of its own in between, so work done there
-        would delay the next reply; while the server decodes a layer and applies the layers it keeps,
-        a worker prepares the next one. Once the command is in, the rest is done when it is computed.
-        """
-        envelope = Msg.command(iteration, layer, phase_of(kind))
-        if kind != FORWARD:
-            return
-        while not self.link.has(envelope):
-            self.link.let_sends_go(envelope)
-            t0 = time.perf_counter()
-            more = self.spare_work(layer)
-            work_s = time.perf_counter() - t0
-            self.link.report.add("compute_s", work_s)
-            self.link.report.add("delay_s", self.delay(iteration, work_s))  # a straggler is slow at all its work
-            if not more:
-                return
-
-    def spare_work(self, layer: int) -> bool:
-        """Do a piece of the deferred work a layer's forward command needs; return whether more is left."""
-        return False
-
-    def delay(self, iteration: int, compute_s: float) -> float:
-        """Sleep as an injected straggler would; return the delay."""
-        from psframework.runtime.node import straggle
-
-        return straggle(self.stragglers, self.link.rank, iteration, compute_s, [self.link.progress])
-
-    def coded_packet(self, kind: str, layer: int) -> bool:
-        """Return whether the server sends this worker its own coded packet (not the whole tensor)."""
-        return False
-
-    def relays(self, envelope: Any) -> bool:
-        """Return whether a server message is a relayed packet, to be sent on to the other workers."""
-        kind = FORWARD if envelope.phase == Phase.FORWARD else BACKWARD
-        return envelope.kind == Kind.COMMAND and not self.coded_packet(kind, envelope.layer)
-
-    def receive(self, iteration: int, kind: str, layer: int) -> torch.Tensor:
-        """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
-        phase = phase_of(kind)
-        data = self.link.take(Msg.command(iteration, layer, phase))
-        if not self.dissemination.relayed or self.coded_packet(kind, layer):
-            return data
-        shards = self.link.exchange(data, Msg.shard(iteration, layer, phase), self.k,
-                                    stopped_after=2 * self.settings.transport.detach_after)
-        packets = {j: shards.received.data[j] for j in shards.received.arrived[:self.k]}
-        # The packets sent to peers stay alive in their send handles: no need to wait for them here.
-        return self.dissemination.restore(packets, self.shapes[(kind, layer)], torch.float32)
-
-    @abstractmethod
-    def compute(self, iteration: int, kind: str, layer: int, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
-        """Return the reply to a command (None when skipped)."""
-
-    def after_reply(self, iteration: int, kind: str, layer: int, x: torch.Tensor) -> None:
-        """Do what a command asks after its reply has left: nothing by default (DEU workers update here)."""
+def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:
+    """Return the payload bytes a server sums with the others per iteration of a DEU scheme with several groups:
+    every parameter rank 0 steps (all but the coded convolutions, which the workers hold) and the BatchNorm
+    sums (see groups.sync_bytes)."""
+    return stepped_sync_bytes(model, placement.worker_parameter_names())
 
 
-class CodedWorkerSide(CodedWorkerBase):
-    """Worker j of `sazd`, `poly` and `uncoded` (DEU): holds and updates its coded weights."""
-
-    with_syncs = True
-
-    def start(self, schedule: Schedule) -> None:
-        """Encode this worker's packets of the uncoded conv state the server sent (weights, momentum)."""
-        super().start(schedule)
-        self.readmitted(self.link.take(Msg.params(schedule.start)))
-        self.link.snapshot = lambda: flatten(self.worker.state())
-
-    def readmitted(self, flat: torch.Tensor) -> None:
-        """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
-        state = iter(unflatten(flat, conv_state_shapes(self.codings)))
-        o = self.settings.optim
-        weights, buffers = [], []
-        for coding in self.codings:
-            w, b = next(state), next(state) if coding.has_bias else None
-            mw, mb = next(state), next(state) if coding.has_bias else None
-            weights.append(encode_layer(coding, self.code, w, b, self.j)[0])
-            buffers.append(encode_layer(coding, self.code, mw, mb, self.j)[0])
-        reduce = None if self.link.across is None else self.packet_sum
-        self.worker = CodedWorker(self.j, self.code, self.codings, weights, o.lr, o.momentum, o.nesterov,
-                                  o.weight_decay, reduce)
-        if o.momentum > 0:
-            for opt, w, m in zip(self.worker.optimizers, weights, buffers):
-                for tensor, buf in zip(w.tensors(), m.tensors()):
-                    opt.state[tensor]["momentum_buffer"] = buf.clone()
-
-    def packet_sum(self, grads: torch.Tensor) -> Any:
-        """Start summing a coded gradient with the workers of this packet in the other groups."""
-        return start_sum(self.link.across, grads, f"the coded gradient sum of packet {self.j}", self.link.progress)
-
-    def close(self) -> None:
-        """Apply the updates whose sums are still in flight (no collective may outlive the run)."""
-        self.worker.settle()
-
-    def sync(self, iteration: int) -> None:
-        """Send the server this worker's coded tensors and momentum."""
-        self.link.take(Msg.state(iteration))
-        self.link.send(flatten(self.worker.state()), Msg.state_reply(iteration))
-
-    def coded_packet(self, kind: str, layer: int) -> bool:
-        return kind == BACKWARD and not self.codings[layer].has_column_copy
-
-    def compute(self, iteration: int, kind: str, layer: int, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
-        with self.link.busy():
-            if kind == FORWARD:
-                return self.worker.on_forward(layer, x, reply=reply)
-            return self.worker.on_backward(layer, x, reply=reply)
-
-    def after_reply(self, iteration: int, kind: str, layer: int, x: torch.Tensor) -> None:
-        """Queue a backward command's update (every one, in order, even when the reply was skipped)."""
-        if kind != BACKWARD:
-            return
-        self.worker.update(layer, x, coded=self.coded_packet(kind, layer), lr_factor=self.schedule.lr_factor(iteration))
-        self.link.report.add("updates", 1)
-
-    def spare_work(self, layer: int) -> bool:
-        """Compute a piece of the layer's queued update before its forward command arrives."""
-        if not self.worker.has_update(layer):
-            return False
-        with self.link.busy():
-            return self.worker.work(layer)
+def stepped_sync_bytes(model: nn.Module, held: Any) -> int:
+    """Return the bytes a server sums per iteration when it steps every parameter but those named in `held`."""
+    stepped = sum(p.numel() for name, p in model.named_parameters() if name not in held)
+    return sync_bytes(stepped, [m for m in model.modules() if isinstance(m, _BatchNorm)])
