@@ -10,10 +10,14 @@ import torch.nn.functional as F
 
 from psframework.codes import PolyCode, SAZDCode, UncodedCode
 from psframework.models import build_model, input_size_of, place, split_parameters
-from psframework.schemes.coded_core import CodedServer, CodedWorker, decode_conv_state, encode_worker_weights
-from psframework.schemes.coded_layers import layer_codings
+from psframework.schemes.coded.core import CodedServer, CodedWorker
+from psframework.schemes.coded.layers import layer_codings
+from psframework.schemes.coded.plan import command_plan
+from psframework.schemes.coded.state import conv_state_tensors, decode_conv_state
 from psframework.schemes.common import conv_optimizer, head_optimizer, make_optimizer
+from psframework.schemes.groups import SoleServer
 from psframework.schemes.validate import load_run, make_settings
+from psframework.schemes.vectors import pack
 
 
 class LocalExchange:
@@ -62,15 +66,16 @@ def train_both(code, overrides, iterations=12, model_fn=None, size=None, channel
 
     codings = layer_codings(placement, code.k, cfg.code.symbol_channels)
     t = cfg.train
-    workers = [CodedWorker(j, code, codings, encode_worker_weights(model, code, codings, placement.coded_names, j),
-                           t.lr, t.momentum, t.nesterov, t.weight_decay) for j in range(code.n)]
+    state = pack(conv_state_tensors(model, placement.coded_names, None))  # what rank 0 sends at the start
+    workers = [CodedWorker.from_state(j, code, codings, state, optim) for j in range(code.n)]
     coded = placement.worker_parameter_names()
     named = list(model.named_parameters())
     local = [p for key, p in named if key not in coded and key not in placement.head]
     post = make_optimizer(local, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if local else None
-    server = CodedServer(model, code, codings, placement,
-                         [head_optimizer(optim, [p for key, p in named if key in placement.head]), post])
     exchange = LocalExchange(workers, code.k)
+    server = CodedServer(model, code, codings, command_plan(model, placement, workers_update=True),
+                         [head_optimizer(optim, [p for key, p in named if key in placement.head]), post], exchange,
+                         SoleServer())
     gen = torch.Generator().manual_seed(1)
     for _ in range(iterations):
         x = torch.randn(8, channels, size, size, generator=gen)
@@ -81,7 +86,7 @@ def train_both(code, overrides, iterations=12, model_fn=None, size=None, channel
         ref_loss.backward()
         for o in ref_opts:
             o.step()
-        loss = server.step(x, y, exchange)
+        loss = server.step(x, y)
         assert abs(loss - float(ref_loss.detach())) <= 1e-4 * max(1.0, abs(float(ref_loss.detach())))
     return reference, model, workers, codings, placement
 

@@ -15,7 +15,7 @@ from psframework.codes.layout import WIDE_MAX_SYMBOLS
 from psframework.codes.zigzag import COPY
 from psframework.comm import Envelope, Kind, Transport
 from psframework.comm.rounds import MPIServerLink, cpu_per_iteration
-from psframework.schemes.coded_parts import Dissemination
+from psframework.schemes.coded.dissemination import Dissemination
 from psframework.settings import CodeSettings
 
 CODES = [(4, 3, True), (4, 3, False), (8, 6, True), (8, 6, False), (5, 2, True), (6, 3, False)]

@@ -11,7 +11,6 @@ import os
 import re
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "psframework"
@@ -142,7 +141,6 @@ def test_no_import_cycle_in_the_package():
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="topology branches are being replaced by group objects")
 def test_no_scheme_branches_on_the_number_of_servers():
     found = []
     for path in scheme_modules():

@@ -12,6 +12,7 @@ from psframework.cli import main
 from psframework.config import ConfigError
 from psframework.models import FAMILIES, build_model, input_size_of, place, split_parameters
 from psframework.models.cut import cut_model
+from psframework.schemes.coded.plan import backward_order
 from psframework.schemes.validate import load_run
 
 
@@ -30,7 +31,7 @@ def test_every_built_in_model_is_placed_and_cut_exactly(name):
     assert placement.output_shape == (10,)
     assert placement.coded and not placement.on_server
     # Every backward pass runs once, and the layer on the images needs no input gradient.
-    assert sorted(placement.backward_order) == list(range(len(placement.coded)))
+    assert sorted(backward_order(model, placement)) == list(range(len(placement.coded)))
     assert [c.needs_input_grad for c in placement.coded] == [False] + [True] * (len(placement.coded) - 1)
     cut = cut_model(model, placement, name)
     x = torch.randn(3, 3, size, size)

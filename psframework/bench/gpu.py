@@ -105,7 +105,7 @@ def compare(name: str, run: Dict[str, Any], reference: Dict[str, Any], seconds: 
 
 def check_relay(device: str) -> Dict[str, Any]:
     """Relay dissemination of a float tensor on the device: every k-subset restores it bit-exactly."""
-    from psframework.schemes.coded_parts import Dissemination
+    from psframework.schemes.coded.dissemination import Dissemination
     from psframework.settings import CodeSettings
 
     dissemination = Dissemination("relay", CodeSettings("shift-add", 4, 3))

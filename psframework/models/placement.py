@@ -1,17 +1,17 @@
 """Where each part of any model runs: coded convolutions on the workers, the rest on rank 0, the Stanza cut.
 
-Placement is found by running the model twice on a batch of two zero inputs, on torch's meta device
-(shapes only, no memory) or, for small inputs, on the CPU, the model's own tensors untouched: once to
-see which leaf modules run in which order, once with every codable Conv2d replaced by a remote
-convolution to see the order in which autograd runs their backward passes.
-Rank 0 and the workers derive the same placement from the same model.
+Placement is found by running the model on a batch of two zero inputs, on torch's meta device
+(shapes only, no memory) or, for small inputs, on the CPU, the model's own tensors untouched, to see
+which leaf modules run in which order and on what. Rank 0 and the workers derive the same placement
+from the same model. (The coded schemes trace the order of the coded convolutions' backward passes
+themselves: schemes/coded/plan.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -68,7 +68,6 @@ class Placement:
     input_shape: Tuple[int, ...]
     output_shape: Tuple[int, ...]
     coded: Tuple[CodedConv, ...]  # in forward order
-    backward_order: Tuple[int, ...]  # coded indices in the order autograd runs their backward
     calls: Tuple[LayerCall, ...]
     on_server: Dict[str, str]  # Conv2d name -> why it is not coded
     cut: Optional[int]  # index in `calls` of the first head layer (None: no head)
@@ -108,80 +107,12 @@ def uncodable(conv: nn.Module) -> Optional[str]:
     return None
 
 
-class Session(Protocol):
-    """What remote convolutions call: rank 0's exchange with the workers (or the placement's tracer)."""
-
-    def forward(self, index: int, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-        """Return the convolution's output for input `x`."""
-
-    def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
-        """Take the output gradient; return the input gradient when wanted."""
-
-
-class RemoteConv(torch.autograd.Function):
-    """A convolution computed elsewhere: forward and backward go through a session.
-
-    The weight is an input only so that autograd runs every layer's backward (the workers update their
-    coded weights there), also where the layer's input needs no gradient; its gradient is the session's
-    business.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, session: Session, index: int,
-                conv: nn.Conv2d) -> torch.Tensor:
-        ctx.session, ctx.index = session, index
-        return session.forward(index, conv, x)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None, None]:
-        return ctx.session.backward(ctx.index, dy.contiguous(), ctx.needs_input_grad[0]), None, None, None, None
-
-
-@contextlib.contextmanager
-def remote_convs(model: nn.Module, names: Sequence[str], session: Session) -> Iterator[None]:
-    """Run the named Conv2d modules of `model` through `session` while inside the block."""
-    modules = dict(model.named_modules())
-    swapped = []
-    try:
-        for index, name in enumerate(names):
-            conv = modules[name]
-            conv.forward = _remote_forward(conv, session, index)
-            swapped.append(conv)
-        yield
-    finally:
-        for conv in swapped:
-            del conv.forward
-
-
-def _remote_forward(conv: nn.Conv2d, session: Session, index: int) -> Any:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return RemoteConv.apply(x, conv.weight, session, index, conv)
-    return forward
-
-
-class _Tracer:
-    """A session that computes convolutions locally and records the order of their backward passes."""
-
-    def __init__(self) -> None:
-        self.inputs: Dict[int, Tuple[Tuple[int, ...], bool]] = {}
-        self.backward_order: List[int] = []
-
-    def forward(self, index: int, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-        self.inputs[index] = (tuple(x.shape[1:]), x.requires_grad)
-        return conv._conv_forward(x, conv.weight.detach(), None if conv.bias is None else conv.bias.detach())
-
-    def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
-        self.backward_order.append(index)
-        if not want_input_grad:
-            return None
-        return torch.zeros((dy.shape[0], *self.inputs[index][0]), dtype=dy.dtype, device=dy.device)
-
-
 def place(model: nn.Module, input_shape: Sequence[int], split_at: Optional[str] = None,
           name: str = "model") -> Placement:
     """Return where every part of `model` runs for inputs of `input_shape` (C, H, W); ConfigError otherwise."""
     input_shape = tuple(input_shape)
-    calls, counts, out_shape = _leaf_calls(model, input_shape, name)
+    seen = _leaf_calls(model, input_shape, name)
+    calls, counts = seen.calls, seen.counts
     modules = dict(model.named_modules())
     on_server: Dict[str, str] = {}
     coded_names = []
@@ -195,12 +126,10 @@ def place(model: nn.Module, input_shape: Sequence[int], split_at: Optional[str] 
             on_server[call.name] = reason
         else:
             coded_names.append(call.name)
-    tracer = _Tracer()
-    _run(model, input_shape, name, lambda: remote_convs(model, coded_names, tracer))
-    coded = tuple(CodedConv(i, n, geometry_of(modules[n]), tracer.inputs[i][0],
-                            _output_of(calls, n), tracer.inputs[i][1]) for i, n in enumerate(coded_names))
+    coded = tuple(CodedConv(i, n, geometry_of(modules[n]), seen.inputs[n][0], _output_of(calls, n),
+                            seen.inputs[n][1]) for i, n in enumerate(coded_names))
     cut = _cut(model, calls, split_at, name)
-    return Placement(input_shape, out_shape, coded, tuple(tracer.backward_order), tuple(calls), on_server, cut,
+    return Placement(input_shape, seen.output_shape, coded, tuple(calls), on_server, cut,
                      _head_parameters(model, calls, cut))
 
 
@@ -208,19 +137,30 @@ def _output_of(calls: Sequence[LayerCall], name: str) -> Tuple[int, ...]:
     return next(c.output_shape for c in calls if c.name == name)
 
 
-def _leaf_calls(model: nn.Module, input_shape: Tuple[int, ...], name: str) -> Tuple[List[LayerCall], Dict[str, int],
-                                                                                    Tuple[int, ...]]:
-    """Run the model once, recording every leaf-module call in order; return them, call counts and the output shape."""
-    calls: List[LayerCall] = []
-    counts: Dict[str, int] = {}
+@dataclass
+class _Seen:
+    """What one run of a model shows: its leaf-module calls, how often each module ran, what each Conv2d
+    was given (per-sample shape, whether it depends on parameters) and the output's per-sample shape."""
+
+    calls: List[LayerCall] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+    inputs: Dict[str, Tuple[Tuple[int, ...], bool]] = field(default_factory=dict)
+    output_shape: Tuple[int, ...] = ()
+
+
+def _leaf_calls(model: nn.Module, input_shape: Tuple[int, ...], name: str) -> _Seen:
+    """Run the model once, recording every leaf-module call in order and the input of every Conv2d."""
+    seen = _Seen()
 
     def hook(module_name: str) -> Any:
         def record(module: nn.Module, inputs: Any, output: Any) -> None:
-            counts[module_name] = counts.get(module_name, 0) + 1
+            seen.counts[module_name] = seen.counts.get(module_name, 0) + 1
             first = output[0] if isinstance(output, (tuple, list)) else output
             shape = tuple(first.shape[1:]) if isinstance(first, torch.Tensor) else ()
-            calls.append(LayerCall(module_name, type(module).__name__, shape,
-                                   sum(p.numel() for p in module.parameters(recurse=False))))
+            seen.calls.append(LayerCall(module_name, type(module).__name__, shape,
+                                        sum(p.numel() for p in module.parameters(recurse=False))))
+            if isinstance(module, nn.Conv2d) and inputs and isinstance(inputs[0], torch.Tensor):
+                seen.inputs[module_name] = (tuple(inputs[0].shape[1:]), inputs[0].requires_grad)
         return record
 
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -228,11 +168,11 @@ def _leaf_calls(model: nn.Module, input_shape: Tuple[int, ...], name: str) -> Tu
               if n and not any(True for _ in m.children()) and not isinstance(m, containers)]
     handles = [m.register_forward_hook(hook(n)) for n, m in leaves]
     try:
-        out = _run(model, input_shape, name, contextlib.nullcontext)
+        seen.output_shape = tuple(trace_run(model, input_shape, name, contextlib.nullcontext).shape[1:])
     finally:
         for h in handles:
             h.remove()
-    return calls, counts, tuple(out.shape[1:])
+    return seen
 
 
 # A trace on real zeros costs milliseconds for a small model on small inputs (up to a 3x32x32 image and
@@ -252,9 +192,10 @@ def trace_devices(model: nn.Module, input_shape: Tuple[int, ...]) -> Tuple[str, 
     return ("cpu", "meta") if small else ("meta", "cpu")
 
 
-def _run(model: nn.Module, input_shape: Tuple[int, ...], name: str, context: Any) -> torch.Tensor:
-    """Run forward and backward on a batch of two inputs: on the CPU for small inputs, else on the meta device
-    (each falls back on the other)."""
+def trace_run(model: nn.Module, input_shape: Tuple[int, ...], name: str,
+              context: Callable[[], ContextManager[Any]]) -> torch.Tensor:
+    """Run forward and backward on a batch of two zero inputs inside `context()`, the model's own tensors
+    untouched: on the CPU for small inputs, else on the meta device (each falls back on the other)."""
     from torch.func import functional_call
 
     last: Optional[BaseException] = None

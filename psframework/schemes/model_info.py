@@ -72,7 +72,7 @@ def sides(model: nn.Module, placement: Placement, k: int, cut_features: Optional
 
 def model_info(cfg: Any) -> List[str]:
     """Return the lines of `psf model-info`: coded layers, rank 0's layers, the Stanza cut, each side's sizes."""
-    from psframework.schemes.coded_parts import code_of
+    from psframework.schemes.coded.layers import code_of
     from psframework.schemes.common import input_shape, meta_model, placement_of
     from psframework.schemes.registry import get_scheme
     from psframework.settings import code_settings

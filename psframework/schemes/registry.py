@@ -236,10 +236,11 @@ def get_scheme(name: str) -> Scheme:
     return scheme
 
 
-_CODED_SYNC = "psframework.schemes.coded_parts:expected_sync_bytes"
-_CODED = dict(module="psframework.schemes.coded", server="CodedServerSide", worker="CodedWorkerSide",
-              byte_model="psframework.schemes.coded_parts:expected_server_bytes", sync_model=_CODED_SYNC,
-              linear_conv_optimizer=True)
+_CODED = dict(module="psframework.schemes.coded.server", server="CodedServerSide",
+              worker="psframework.schemes.coded.worker:CodedWorkerSide",
+              group_worker="psframework.schemes.coded.worker:GroupCodedWorkerSide",
+              byte_model="psframework.schemes.coded.exchange:expected_server_bytes",
+              sync_model="expected_sync_bytes", linear_conv_optimizer=True)
 _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True)
 
 register(Scheme("reference", "one process, whole model: the correctness oracle",
@@ -255,8 +256,8 @@ register(Scheme("stanza", "layer separation: conv stack on the workers (data par
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
                 code="shift-add", **_CODED))
 register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",
-                "psframework.schemes.sazd_naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add",
-                sync_model=_CODED_SYNC))
+                "psframework.schemes.coded.naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add",
+                sync_model="expected_sync_bytes"))
 register(Scheme("poly", "polynomial (real Vandermonde) coded conv layers; any k of n", code="polynomial", **_CODED))
 register(Scheme("uncoded", "plain model parallel conv layers; every worker needed", code="split",
                 k_equals_n=True, **_CODED))

@@ -15,8 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.grad import conv2d_input, conv2d_weight
 
-from psframework.codes import Code, split_blocks
+from psframework.codes import Code, make_code, split_blocks
 from psframework.models import ConvGeometry, Placement
+from psframework.settings import CodeSettings
+
+
+def code_of(settings: CodeSettings) -> Code:
+    """Return the erasure code the settings describe."""
+    return make_code(settings.kind, settings.n, settings.k, systematic=settings.systematic, nodes=settings.nodes)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,11 @@ class CodedWeights:
         return [t for t in (self.row_weight, self.row_bias, self.col_weight) if t is not None]
 
 
+def tensor_names(coding: LayerCoding) -> List[str]:
+    """Return the names of a layer's coded tensors in `CodedWeights.tensors` order."""
+    return ["weight"] + (["bias"] if coding.has_bias else []) + (["col_weight"] if coding.has_column_copy else [])
+
+
 def encode_layer(coding: LayerCoding, code: Code, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  j: Optional[int] = None) -> List[CodedWeights]:
     """Encode a conv layer's weight and bias (None: no bias) for every worker (or only worker j)."""
@@ -120,22 +131,15 @@ def coded_input_grad(coding: LayerCoding, dy: torch.Tensor, w: CodedWeights, inp
     return conv2d_input(shape, w.col_weight, dy, *coding.conv_args())
 
 
-def coded_weight_grads(coding: LayerCoding, code: Code, j: int, x: torch.Tensor, dy: torch.Tensor,
-                       w: CodedWeights, coded: bool = False) -> List[torch.Tensor]:
-    """Return the gradients of worker j's coded tensors (in `CodedWeights.tensors` order) from X and dY.
+def weight_grad_pieces(coding: LayerCoding, code: Code, j: int, x: torch.Tensor, dy: torch.Tensor,
+                       w: CodedWeights, coded: bool = False) -> List[Callable[[], List[torch.Tensor]]]:
+    """Return the gradients of worker j's coded tensors (in `CodedWeights.tensors` order) from X and dY, as
+    separate pieces of work: the row copy's gradients, then the column copy's.
 
     Row copy: conv2d_weight(X, SA_j(dY)) = SA_j(dW row blocks); its bias gets the sum of SA_j(dY).
     Column copy: conv2d_weight(SA_j(X), dY) = SA_j(dW column blocks). With `coded`, `dy` is already
-    SA_j(dY) (enough for a layer without a column copy).
-    """
-    return [g for piece in weight_grad_pieces(coding, code, j, x, dy, w, coded) for g in piece()]
-
-
-def weight_grad_pieces(coding: LayerCoding, code: Code, j: int, x: torch.Tensor, dy: torch.Tensor,
-                       w: CodedWeights, coded: bool = False) -> List[Callable[[], List[torch.Tensor]]]:
-    """Return `coded_weight_grads` as separate pieces of work: the row copy's gradients, then the column copy's.
-
-    A worker computes them one at a time, so that it can turn to a command in between.
+    SA_j(dY) (enough for a layer without a column copy). A worker computes the pieces one at a time,
+    so that it can turn to a command in between.
     """
     args = coding.conv_args()
 

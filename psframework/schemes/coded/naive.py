@@ -11,63 +11,78 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import torch
+from torch import nn
 
+from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
-from psframework.schemes.coded import CodedServerBase, CodedWorkerBase, Payloads, phase_of
-from psframework.schemes.coded_layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
-                                              encode_layer, uncoded_weight_grads)
-from psframework.schemes.coded_parts import FORWARD, flatten, unflatten
+from psframework.models import Placement
+from psframework.schemes.coded.exchange import Payloads
+from psframework.schemes.coded.layers import (CodedWeights, coded_forward, coded_input_grad, encode_layer,
+                                              uncoded_weight_grads)
+from psframework.schemes.coded.plan import Command
+from psframework.schemes.coded.server import CodedServerBase, stepped_sync_bytes
+from psframework.schemes.coded.worker import CodedWorkerBase
 from psframework.schemes.common import conv_optimizer
+from psframework.schemes.vectors import pack, unpack
+from psframework.settings import Settings
 
 
 class NaiveServerSide(CodedServerBase):
     """Rank 0: holds the conv weights, encodes them for the workers every round, updates them."""
+
+    workers_update = False  # the workers take only the passes whose result rank 0 decodes
 
     def conv_optimizers(self) -> List[torch.optim.Optimizer]:
         """Create the conv layers' optimizer here, on rank 0 (checkpoints restore it with the others)."""
         self.inputs: Dict[int, torch.Tensor] = {}
         return [conv_optimizer(self.settings.optim, [p for conv in self.conv_modules for p in conv.parameters()])]
 
-    def payloads(self, kind: str, layer: int, x: torch.Tensor) -> Payloads:
+    def payloads(self, command: Command, x: torch.Tensor) -> Payloads:
         """Keep X (forward) or compute the conv weight gradients from it and dY (backward); return the
         tensor and the coded weights every worker needs for the command.
 
         The time spent here counts as encode_s in the metrics: weight gradients included.
         """
-        coding = self.codings[layer]
-        conv = self.conv_modules[layer]
-        if kind == FORWARD:
+        layer = command.layer
+        coding, conv = self.codings[layer], self.conv_modules[layer]
+        if command.phase == Phase.FORWARD:
             self.inputs[layer] = x
         else:
             grads = uncoded_weight_grads(coding, self.inputs.pop(layer), x, conv.weight.shape)
             for p, g in zip(conv.parameters(), grads):
                 p.grad = g
-            if not coding.has_column_copy:
-                return None, None  # a layer that needs no input gradient needs nothing from the workers
+        if not self.plan.sends(command):
+            return Payloads(None)  # a layer that needs no input gradient needs nothing from the workers
         with torch.no_grad():
             bias = None if conv.bias is None else conv.bias.detach()
             coded = encode_layer(coding, self.code, conv.weight.detach(), bias)
-        if kind == FORWARD:
+        if command.phase == Phase.FORWARD:
             rows = [[t for t in (w.row_weight, w.row_bias) if t is not None] for w in coded]
-            return self.dissemination.packets(x), [flatten(r) for r in rows]
-        return self.dissemination.packets(x), [w.col_weight.reshape(-1) for w in coded]
+            return Payloads(self.dissemination.packets(x), [pack(r) for r in rows])
+        return Payloads(self.dissemination.packets(x), [w.col_weight.reshape(-1) for w in coded])
 
 
 class NaiveWorkerSide(CodedWorkerBase):
     """Worker j: computes with the coded weights the server sends along with each command."""
 
-    def gets_backward(self, coding: LayerCoding) -> bool:
-        """Return whether a layer's backward involves the workers: only to compute its input gradient."""
-        return coding.has_column_copy
+    workers_update = False  # as the server's: this worker takes only the passes whose result rank 0 decodes
 
-    def compute(self, iteration: int, kind: str, layer: int, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
-        flat = self.link.take(Msg.params(iteration, layer, phase=phase_of(kind)))  # always taken, even when skipped
+    def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
+        layer = command.layer
+        flat = self.link.take(Msg.params(iteration, layer, phase=command.phase))  # always taken, even when skipped
         if not reply:
             return None
         coding = self.codings[layer]
-        if kind == FORWARD:
+        if command.phase == Phase.FORWARD:
             row = torch.Size(coding.row_shape(self.code))
-            parts = unflatten(flat, [row, row[:1]] if coding.has_bias else [row])
+            parts = unpack(flat, [row, row[:1]] if coding.has_bias else [row])
             return coded_forward(coding, x, CodedWeights(parts[0], parts[1] if coding.has_bias else None, None))
         weight = flat.reshape(coding.col_shape(self.code))
-        return coded_input_grad(coding, x, CodedWeights(None, None, weight), self.shapes[(FORWARD, layer)])
+        input_shape = self.plan.shape(Command(Phase.FORWARD, layer), self.batch)
+        return coded_input_grad(coding, x, CodedWeights(None, None, weight), input_shape)
+
+
+def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:
+    """Return the payload bytes a server sums with the others per iteration with several groups: rank 0
+    steps every parameter, the coded convolutions' too, and sums the BatchNorm statistics."""
+    return stepped_sync_bytes(model, frozenset())

@@ -1,0 +1,219 @@
+"""The worker side of coded model-parallel training over MPI: `sazd` (DEU), `poly` and `uncoded`.
+
+Worker j holds packet j of each conv layer's row- and column-coded weights and updates them itself
+(distributed encoding and updating). It follows the driver's plan and the command plan (plan.py), as
+rank 0 does (server.py), so it always knows which command comes next: it skips a reply once the next
+command is already waiting (the server no longer needs it), but applies every update, in order.
+The base class here also carries the naive scheme (naive.py).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from typing import Any, Optional
+
+import torch
+
+from psframework.comm.envelope import Envelope, Kind, Phase
+from psframework.comm.rounds import Msg
+from psframework.runtime.stragglers import Stragglers
+from psframework.schemes.coded.core import CodedWorker, SummingCodedWorker
+from psframework.schemes.coded.dissemination import Dissemination
+from psframework.schemes.coded.layers import code_of, layer_codings
+from psframework.schemes.coded.plan import Command, command_plan
+from psframework.schemes.common import Step, meta_model, placement_of
+from psframework.schemes.driver import Event, Schedule, SYNC, STOP, WorkerSide
+from psframework.schemes.groups import part_size, start_sum
+from psframework.schemes.vectors import pack
+from psframework.settings import Settings
+
+
+def command_envelope(iteration: int, command: Command) -> Envelope:
+    """Return the envelope of a command of the plan."""
+    return Msg.command(iteration, command.layer, command.phase)
+
+
+class CodedWorkerBase(WorkerSide):
+    """Worker j of a coded scheme: answers the plan's commands, layer by layer and pass by pass."""
+
+    workers_update = True  # as the server's: this worker updates its coded weights in every backward pass
+
+    def __init__(self, settings: Settings, link: Any) -> None:
+        super().__init__(settings, link)
+        self.code = code_of(settings.code)
+        self.j, self.k = link.index, self.code.k
+        model = meta_model(settings)
+        self.placement = placement_of(settings, model)
+        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
+        self.plan = command_plan(model, self.placement, self.workers_update, settings.model.name)
+        self.batch = part_size(settings.data.batch_size, link.roles.group, link.roles.groups)
+        self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
+        self.stragglers = Stragglers(settings.stragglers, link.job_workers)
+        self.schedule: Optional[Schedule] = None
+        if self.dissemination.relayed:
+            link.relayed, link.relay_first = self.relays, self.k - 1
+
+    def opening(self, event: Event) -> Envelope:
+        """Return the envelope of the first server message of a plan event."""
+        if event.kind == SYNC:
+            return Msg.state(event.iteration)
+        if event.kind == STOP:
+            return Msg.stop(event.iteration)
+        return command_envelope(event.iteration, self.plan.commands[0])
+
+    def start(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def step(self, step: Step, after: Event) -> None:
+        it, commands = step.iteration, self.plan.commands
+        following = [command_envelope(it, c) for c in commands[1:]] + [self.opening(after)]
+        for command, nxt in zip(commands, following):
+            self.command(it, command, nxt)
+
+    def command(self, iteration: int, command: Command, nxt: Envelope) -> None:
+        """Answer one command: compute and reply unless the next command already waits; queue its update."""
+        self.link.progress()  # let peers' late packets drain and this worker's sends finish
+        self.use_spare_time(iteration, command)
+        x = self.receive(iteration, command)
+        want = self.plan.wants_reply(command)
+        stale = want and self.link.has(nxt)
+        t0 = time.perf_counter()
+        out = self.compute(iteration, command, x, reply=not stale)
+        compute_s = time.perf_counter() - t0
+        report = self.link.report
+        report.add("delay_s", self.delay(iteration, compute_s))
+        if out is not None:
+            # The reply leaves while this worker polls (for the next command, say): no need to wait here.
+            self.link.reply(out.contiguous(), Msg.reply(iteration, command.layer, command.phase), wait=False)
+        elif want:
+            report.skipped()
+        if self.dissemination.relayed:  # the later peers' copies go after the reply, off its path
+            self.link.relay_rest(Msg.packet(iteration, command.layer, command.phase))
+        self.after_reply(iteration, command, x)
+        report.add("compute_s", compute_s)
+
+    def use_spare_time(self, iteration: int, command: Command) -> None:
+        """Until a forward command arrives, do the deferred work it will need (`spare_work`), piece by piece.
+
+        Deferred work waits for the forward command that needs it: in the backward pass the server
+        waits for one reply after another with little work of its own in between, so work done there
+        would delay the next reply; while the server decodes a layer and applies the layers it keeps,
+        a worker prepares the next one. Once the command is in, the rest is done when it is computed.
+        """
+        if command.phase != Phase.FORWARD:
+            return
+        envelope = command_envelope(iteration, command)
+        while not self.link.has(envelope):
+            self.link.let_sends_go(envelope)
+            t0 = time.perf_counter()
+            more = self.spare_work(command.layer)
+            work_s = time.perf_counter() - t0
+            self.link.report.add("compute_s", work_s)
+            self.link.report.add("delay_s", self.delay(iteration, work_s))  # a straggler is slow at all its work
+            if not more:
+                return
+
+    def spare_work(self, layer: int) -> bool:
+        """Do a piece of the deferred work a layer's forward command needs; return whether more is left."""
+        return False
+
+    def delay(self, iteration: int, compute_s: float) -> float:
+        """Sleep as an injected straggler would; return the delay."""
+        from psframework.runtime.node import straggle
+
+        return straggle(self.stragglers, self.link.rank, iteration, compute_s, [self.link.progress])
+
+    def coded_packet(self, command: Command) -> bool:
+        """Return whether the server sends this worker its own coded packet (not the whole tensor)."""
+        return False
+
+    def relays(self, envelope: Envelope) -> bool:
+        """Return whether a server message is a relayed packet, to be sent on to the other workers."""
+        return envelope.kind == Kind.COMMAND and not self.coded_packet(Command(Phase(envelope.phase), envelope.layer))
+
+    def receive(self, iteration: int, command: Command) -> torch.Tensor:
+        """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
+        layer, phase = command.layer, command.phase
+        data = self.link.take(Msg.command(iteration, layer, phase))
+        if not self.dissemination.relayed or self.coded_packet(command):
+            return data
+        relayed = self.link.relay_packets(data, Msg.packet(iteration, layer, phase), self.k,
+                                          stopped_after=2 * self.settings.transport.detach_after)
+        packets = {j: relayed.received.data[j] for j in relayed.received.arrived[:self.k]}
+        # The packets sent to peers stay alive in their send handles: no need to wait for them here.
+        return self.dissemination.restore(packets, self.plan.shape(command, self.batch), torch.float32)
+
+    @abstractmethod
+    def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
+        """Return the reply to a command (None when skipped)."""
+
+    def after_reply(self, iteration: int, command: Command, x: torch.Tensor) -> None:
+        """Do what a command asks after its reply has left: nothing by default (DEU workers update here)."""
+
+
+class CodedWorkerSide(CodedWorkerBase):
+    """Worker j of `sazd`, `poly` and `uncoded` (DEU): holds and updates its coded weights."""
+
+    with_syncs = True
+
+    def start(self, schedule: Schedule) -> None:
+        """Encode this worker's packets of the uncoded conv state the server sent (weights, momentum)."""
+        super().start(schedule)
+        self.readmitted(self.link.take(Msg.params(schedule.start)))
+        self.link.snapshot = lambda: pack(self.worker.state())
+
+    def readmitted(self, state: torch.Tensor) -> None:
+        """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
+        self.worker = self.new_worker(state)
+
+    def new_worker(self, state: torch.Tensor) -> CodedWorker:
+        """Return the algorithm of this worker, holding its packets of an uncoded conv state."""
+        return CodedWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim)
+
+    def close(self) -> None:
+        """Apply the updates still queued (or, with several groups, whose sums are in flight: no collective
+        may outlive the run)."""
+        self.worker.settle()
+
+    def sync(self, iteration: int) -> None:
+        """Send the server this worker's coded tensors and momentum."""
+        self.link.take(Msg.state(iteration))
+        self.link.send(pack(self.worker.state()), Msg.state_reply(iteration))
+
+    def coded_packet(self, command: Command) -> bool:
+        return command.phase == Phase.BACKWARD and not self.codings[command.layer].has_column_copy
+
+    def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
+        with self.link.busy():
+            if command.phase == Phase.FORWARD:
+                return self.worker.on_forward(command.layer, x, reply=reply)
+            return self.worker.on_backward(command.layer, x, reply=reply)
+
+    def after_reply(self, iteration: int, command: Command, x: torch.Tensor) -> None:
+        """Queue a backward command's update (every one, in order, even when the reply was skipped)."""
+        if command.phase != Phase.BACKWARD:
+            return
+        self.worker.update(command.layer, x, coded=self.coded_packet(command),
+                           lr_factor=self.schedule.lr_factor(iteration))
+        self.link.report.add("updates", 1)
+
+    def spare_work(self, layer: int) -> bool:
+        """Compute a piece of the layer's queued update before its forward command arrives."""
+        if not self.worker.has_update(layer):
+            return False
+        with self.link.busy():
+            return self.worker.work(layer)
+
+
+class GroupCodedWorkerSide(CodedWorkerSide):
+    """Worker j of one of several groups (`sazd`, `poly`, `uncoded` with several servers): sums its coded
+    gradients with the workers of packet j in the other groups."""
+
+    def new_worker(self, state: torch.Tensor) -> CodedWorker:
+        return SummingCodedWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim,
+                                             reduce=self.packet_sum)
+
+    def packet_sum(self, grads: torch.Tensor) -> Any:
+        """Start summing a coded gradient with the workers of this packet in the other groups."""
+        return start_sum(self.link.across, grads, f"the coded gradient sum of packet {self.j}", self.link.progress)
