@@ -18,11 +18,7 @@ from psframework.data import shard, shard_bounds
 from psframework.schemes import Scheme, register
 from psframework.schemes.common import build_problem, conv_optimizer
 from psframework.schemes.driver import ServerSide, StepResult, WorkerSide
-
-
-def as_vector(tensors):
-    """Return the tensors as one flat vector."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+from psframework.schemes.vectors import pack, set_grads, unpack_into
 
 
 class AverageServer(ServerSide):
@@ -34,16 +30,11 @@ class AverageServer(ServerSide):
 
     def step(self, step):
         params = list(self.model.parameters())
-        replies = self.link.round(as_vector(params), Msg.params(step.iteration), Msg.grads(step.iteration),
+        replies = self.link.round(pack(params), Msg.params(step.iteration), Msg.grads(step.iteration),
                                   need=self.link.n)
         bounds = shard_bounds(len(step.indices), self.link.n)
-        total = torch.zeros_like(replies.data[0])
-        for j in sorted(replies.data):
-            total += replies.data[j] * ((bounds[j + 1] - bounds[j]) / len(step.indices))
-        offset = 0
-        for p in params:
-            p.grad = total[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        total = sum(replies.data[j] * ((bounds[j + 1] - bounds[j]) / len(step.indices)) for j in sorted(replies.data))
+        set_grads(params, total[:-1])
         self.optimizers[0].step()
         return StepResult(float(total[-1]))
 
@@ -56,18 +47,13 @@ class AverageWorker(WorkerSide):
         self.dataset, self.model = build_problem(settings)
 
     def step(self, step, after):
-        params = self.link.take(Msg.params(step.iteration))
-        offset = 0
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.copy_(params[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        params = list(self.model.parameters())
+        unpack_into(params, self.link.take(Msg.params(step.iteration)))
         index = torch.from_numpy(shard(step.indices, self.link.index, len(self.link.workers)))
         self.model.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.model(self.dataset.train.images[index]), self.dataset.train.labels[index])
         loss.backward()
-        grads = as_vector([p.grad for p in self.model.parameters()] + [loss.reshape(1)])
-        self.link.reply(grads, Msg.grads(step.iteration))
+        self.link.reply(pack([p.grad for p in params] + [loss.reshape(1)]), Msg.grads(step.iteration))
 
 
 register(Scheme("toy-average", "data-parallel gradient averaging", __name__,
