@@ -82,6 +82,14 @@ class DataConfig:
     seed: int = 0
     drop_last: bool = True
     loader_workers: int = 0  # DataLoader worker processes of a streamed dataset
+    augment: Literal["none", "crop-flip"] = "none"  # random crop after padding and horizontal flip
+    augment_padding: int = 4  # crop-flip: pixels of zero padding on each side before the crop
+    augment_flip: float = 0.5  # crop-flip: probability of a horizontal flip
+    # auto: per-channel mean and deviation of the training set; none; fixed: data.mean and data.std.
+    # Null: the dataset's default (auto for the built-in datasets, none for a factory's).
+    normalize: Optional[Literal["auto", "none", "fixed"]] = None
+    mean: Optional[List[float]] = None  # per channel, with normalize: fixed
+    std: Optional[List[float]] = None
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -106,7 +114,19 @@ class TrainConfig:
     nesterov: bool = False
     weight_decay: float = 0.0
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine", "multistep", "step", "onecycle"] = "constant"
+    lr_milestones: List[int] = field(default_factory=list)  # multistep: epochs at which lr is multiplied by gamma
+    lr_gamma: float = 0.1  # multistep, step: the factor at each milestone or step
+    lr_step_epochs: int = 30  # step: epochs between two multiplications by gamma
+    lr_pct_start: float = 0.3  # onecycle: the fraction of the run spent raising lr
+    lr_div_factor: float = 25.0  # onecycle: lr starts at lr / div_factor
+    lr_final_div_factor: float = 1e4  # onecycle: lr ends at lr / div_factor / final_div_factor
+    warmup: int = 0  # linear warm-up length (in warmup_unit), multiplying the schedule
+    warmup_unit: Literal["epochs", "iterations"] = "epochs"
+    warmup_start_factor: float = 0.1  # the warm-up's first factor; it reaches 1 at the warm-up's end
+    label_smoothing: float = 0.0
+    accumulate: int = 1  # micro-batches of data.batch_size samples per optimizer step
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     head_optimizer: Optional[Literal["sgd", "adam"]] = None
     head_lr: Optional[float] = None
     seed: int = 0
@@ -341,7 +361,9 @@ _BOUNDS = {
     "train.epochs": (1, 10**6), "train.max_iterations": (1, 10**9), "train.lr": (0.0, 1e3),
     "train.head_lr": (0.0, 1e3), "train.weight_decay": (0.0, 1.0), "train.seed": (0, SEED_MAX),
     "train.eval_every": (0, 10**9), "train.verify_every": (0, 10**9), "train.checkpoint_every": (0, 10**9),
-    "train.servers": (1, 1024),
+    "train.servers": (1, 1024), "train.lr_step_epochs": (1, 10**6), "train.lr_div_factor": (1.0, 1e9),
+    "train.lr_final_div_factor": (1.0, 1e12), "train.warmup": (0, 10**9), "train.accumulate": (1, 4096),
+    "data.augment_padding": (0, 4096),
     "code.n": (1, 1024), "code.k": (1, 1024), "code.symbol_channels": (1, 65_536),
     "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),
     "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3),  # stragglers.ranks: the scheme knows its workers
@@ -381,6 +403,36 @@ def _check_train(t: TrainConfig) -> None:
              f"train.checkpoint_every: got {t.checkpoint_every}, expected >= 0 (0 = only at the end)")
     _require(t.backup_workers >= 0, f"train.backup_workers: got {t.backup_workers}, expected >= 0")
     _require(t.servers >= 1, f"train.servers: got {t.servers}, expected a positive number of server ranks")
+    _check_schedule(t)
+    _require(0 <= t.label_smoothing < 1, f"train.label_smoothing: got {t.label_smoothing}, expected 0 <= x < 1")
+    _require(t.accumulate >= 1, f"train.accumulate: got {t.accumulate}, expected a positive number of micro-batches")
+    for key in ("eval_every", "verify_every", "checkpoint_every", "max_iterations"):
+        value = getattr(t, key)
+        _require(not value or value % t.accumulate == 0,
+                 f"train.{key}: got {value}, expected a multiple of train.accumulate={t.accumulate} "
+                 "(an optimizer step spans that many iterations)")
+
+
+def _check_schedule(t: TrainConfig) -> None:
+    """Check the learning-rate schedule against itself and the run's epochs (the iterations: make_schedule)."""
+    milestones = t.lr_milestones
+    _require(all(b > a for a, b in zip(milestones, milestones[1:])) and all(m >= 1 for m in milestones),
+             f"train.lr_milestones: got {milestones}, expected increasing epochs >= 1")
+    _require(not milestones or milestones[-1] < t.epochs,
+             f"train.lr_milestones: got {milestones}, expected epochs below train.epochs={t.epochs}")
+    _require(t.lr_schedule != "multistep" or milestones,
+             "train.lr_milestones: empty, expected the epochs of lr_schedule multistep (e.g. [100, 150])")
+    _require(0 < t.lr_gamma <= 1, f"train.lr_gamma: got {t.lr_gamma}, expected 0 < gamma <= 1")
+    _require(0 < t.lr_pct_start < 1, f"train.lr_pct_start: got {t.lr_pct_start}, expected 0 < x < 1")
+    _require(0 < t.warmup_start_factor <= 1,
+             f"train.warmup_start_factor: got {t.warmup_start_factor}, expected 0 < factor <= 1")
+    _require(not (t.warmup and t.lr_schedule == "onecycle"),
+             f"train.warmup: got {t.warmup} with lr_schedule onecycle, expected 0 (onecycle warms up itself: "
+             "train.lr_pct_start)")
+    _require(t.warmup_unit != "epochs" or t.warmup <= t.epochs,
+             f"train.warmup: got {t.warmup} epochs, longer than the run's train.epochs={t.epochs}")
+    _require(t.warmup_unit != "iterations" or t.warmup % t.accumulate == 0,
+             f"train.warmup: got {t.warmup} iterations, expected a multiple of train.accumulate={t.accumulate}")
 
 
 def _check_code(c: CodeConfig) -> None:
@@ -430,6 +482,15 @@ def _check_data(d: DataConfig) -> None:
                           f"or package.module:factory{extra}")
     if d.dataset in FILE_DATASETS:
         _require(d.root is not None, f"data.root: dataset {d.dataset} needs data.root, the directory of its files")
+    _require(0 <= d.augment_flip <= 1, f"data.augment_flip: got {d.augment_flip}, expected a probability 0..1")
+    if d.normalize == "fixed":
+        _require(d.mean is not None and d.std is not None and len(d.mean) == len(d.std),
+                 f"data.mean, data.std: got {d.mean} and {d.std}, expected two lists of one value per channel "
+                 "with normalize: fixed")
+        _require(all(s > 0 for s in d.std), f"data.std: got {d.std}, expected positive deviations")
+    else:
+        _require(d.mean is None and d.std is None,
+                 f"data.mean, data.std: given with normalize: {d.normalize}, expected only with normalize: fixed")
 
 
 # ---------------------------------------------------------------- loading

@@ -8,7 +8,7 @@ communicator, once, and builds them with the scheme's code (`build_settings`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from psframework.config import Config, DataConfig, ModelConfig, dump_config
 from psframework.errors import ConfigError
@@ -30,8 +30,24 @@ class CodeSettings:
 
 
 @dataclass(frozen=True)
+class ScheduleSettings:
+    """The learning-rate schedule: a factor of train.lr at every optimizer step (psframework.schemes.lr_schedule)."""
+
+    kind: str = "constant"  # constant, cosine, multistep, step or onecycle
+    milestones: Tuple[int, ...] = ()  # multistep: epochs
+    gamma: float = 0.1
+    step_epochs: int = 30
+    pct_start: float = 0.3
+    div_factor: float = 25.0
+    final_div_factor: float = 1e4
+    warmup: int = 0  # in warmup_unit
+    warmup_unit: str = "epochs"  # epochs or iterations
+    warmup_start_factor: float = 0.1
+
+
+@dataclass(frozen=True)
 class OptimSettings:
-    """Optimizers of the conv layers and of the head, and the learning-rate schedule."""
+    """Optimizers of the conv layers and of the head, the learning-rate schedule and how a step is computed."""
 
     optimizer: str = "sgd"
     lr: float = 0.02
@@ -40,8 +56,11 @@ class OptimSettings:
     weight_decay: float = 0.0
     head_optimizer: Optional[str] = None
     head_lr: Optional[float] = None
-    schedule: str = "constant"
+    schedule: ScheduleSettings = ScheduleSettings()
     seed: int = 0  # model initialisation and dropout
+    label_smoothing: float = 0.0
+    accumulate: int = 1  # micro-batches (iterations) per optimizer step
+    precision: str = "fp32"  # fp32, bf16 or fp16: autocast of the layers each rank runs
 
 
 @dataclass(frozen=True)
@@ -110,7 +129,10 @@ def build_settings(cfg: Config, code: Optional[str]) -> Settings:
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
                                   c.progress_thread, c.emulate.ranks)
+    schedule = ScheduleSettings(t.lr_schedule, tuple(t.lr_milestones), t.lr_gamma, t.lr_step_epochs, t.lr_pct_start,
+                                t.lr_div_factor, t.lr_final_div_factor, t.warmup, t.warmup_unit,
+                                t.warmup_start_factor)
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
-                          t.lr_schedule, t.seed)
+                          schedule, t.seed, t.label_smoothing, t.accumulate, t.precision)
     return Settings(run, code_settings(cfg, code), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
                     cfg.device, cfg.to_dict())

@@ -12,7 +12,7 @@ import shlex
 import pytest
 import yaml
 
-from psframework.bench import cases, codec, comm, peers, runs, scaleout, schemes, stragglers
+from psframework.bench import cases, codec, comm, peers, precision, runs, scaleout, schemes, stragglers
 from psframework.bench import expectations as expect
 from psframework.bench import report as rep
 
@@ -133,6 +133,60 @@ def codec_report() -> dict:
                        "sazd_decode": {"all systematic": case}}],
             "threads": [{"n": 5, "k": 3, "block_set_MiB": 2.0, "packets": [2, 3, 4], "symbol_KiB": 4.0, "stripes": 1,
                          "one_thread_s": 0.004, "threads_s": 0.002, "speedup": 2.0}]}
+
+
+def mixed_precision_row(code: str, own: float, worst: float, **extra) -> dict:
+    row = {"code": code, "precision": "bf16", "n": 5, "k": 3, "L": 11, "subsets": 10, "own_rel_error": own,
+           "worst_vs_same": worst, "median_vs_same": worst / 2, "worst_packets_vs_same": [2, 3, 4],
+           "worst_vs_same_over_own": worst / own if own else None, "worst_vs_fp32": worst, "median_vs_fp32": worst / 2,
+           "worst_packets_vs_fp32": [2, 3, 4], "worst_vs_fp32_over_own": worst / own if own else None, "seconds": 0.1}
+    return dict(row, **extra)
+
+
+def mixed_precision_report() -> dict:
+    return {"layer": {"in_channels": 16, "out_channels": 32, "kernel": 3, "padding": 1, "input_shape": [8, 16, 8, 8],
+                      "symbol_size": 1, "seed": 0},
+            "conv_modes": {"bf16": "native", "fp16": "emulated"}, "torch_threads": 1,
+            "rows": [mixed_precision_row("SAZD", 0.004, 0.01), mixed_precision_row("Poly chebyshev", 0.004, 0.6),
+                     mixed_precision_row("SAZD", 0.0, 1e-7, precision="fp16")]}
+
+
+def test_codec_report_renders_its_mixed_precision_table_and_bound():
+    report = dict(codec_report(), mixed_precision=mixed_precision_report())
+    md = codec.render(report, None)
+    assert "## Mixed precision: workers convolve in bf16 or fp16, the server decodes in fp32" in md
+    assert "| SAZD | bf16 | (5,3) | 11 | 10 | 0.004 | 0.01 (0.005) | 2.50 | 0.01 (0.005) | 2.50 |" in md
+    assert "| Poly chebyshev | bf16 | (5,3) | 11 | 10 | 0.004 | 0.6 (0.3) | 150 | 0.6 (0.3) | 150 |" in md
+    assert "| SAZD | fp16 | (5,3) | 11 | 10 | 0 | 1e-07 (5e-08) | n/a | 1e-07 (5e-08) | n/a |" in md  # no rounding
+    assert ("Observed bound: SAZD decoding adds at most 2.50x the precision's own rounding (worst over every "
+            "subset, bf16 and fp16, (n,k) in (5,3)); Poly chebyshev up to 150x.") in md
+    assert "bf16: torch's CPU convolution in bf16" in md and "fp16: emulated" in md and "(1 torch thread)" in md
+    assert md.index("## Accuracy") < md.index("## Mixed precision") < md.index("## Speed")
+    assert "Mixed precision" not in codec.render(codec_report(), None)  # older reports render without the table
+
+
+def test_mixed_precision_sazd_stays_near_the_rounding_where_poly_does_not():
+    table = precision.precision_table([(12, 8)], seed=0)
+    rows = {(r["code"], r["precision"]): r for r in table["rows"]}
+    assert set(rows) == {(c, p) for c, _ in precision.CODES for p in precision.PRECISIONS}
+    for p in precision.PRECISIONS:
+        sazd, poly = rows[("SAZD", p)], rows[("Poly chebyshev", p)]
+        assert sazd["subsets"] == poly["subsets"] == math.comb(12, 8)
+        assert sazd["worst_vs_same_over_own"] < 50 and sazd["worst_vs_fp32_over_own"] < 50
+        assert poly["worst_vs_same"] > 100 * sazd["worst_vs_same"]  # measured: about 800x in bf16 and in fp16
+
+
+def test_mixed_precision_emulates_a_precision_the_cpu_cannot_convolve_in():
+    import torch
+
+    threads = torch.get_num_threads()
+    table = precision.precision_table([(4, 3)], seed=0, modes={"fp16": precision.EMULATED})
+    assert torch.get_num_threads() == threads  # the table's own thread count is undone
+    assert table["conv_modes"] == {"bf16": precision.conv_mode(torch.bfloat16), "fp16": precision.EMULATED}
+    fp16 = [row for row in table["rows"] if row["precision"] == "fp16"]
+    assert len(fp16) == len(precision.CODES)
+    for row in fp16:  # rounded like fp16: relative error about its unit roundoff 2**-11
+        assert 0 < row["own_rel_error"] < 2 ** -10 and row["worst_vs_same_over_own"] < 50
 
 
 def test_codec_report_renders_its_figures_and_verdicts():
@@ -513,6 +567,34 @@ def test_quick_codec_benchmark_writes_a_report_that_renders_back(tmp_path, capsy
     assert md == codec.render(report, expect.load(str(rules), "codec"))
     printed = capsys.readouterr().out
     assert "NOT met: sets (at least 11): 10, **NOT met**" in printed and "wrote" in printed
+    check_quick_mixed_precision(report, md)
+
+
+def check_quick_mixed_precision(report: dict, md: str) -> None:
+    """The quick run's mixed-precision table: every cell, every subset, SAZD near the precision's own rounding."""
+    pairs = precision.PAIRS[:precision.QUICK_PAIRS]
+    assert report["inputs"]["precision_pairs"] == [list(p) for p in pairs]
+    rows = {(r["code"], r["precision"], r["n"], r["k"]): r for r in report["mixed_precision"]["rows"]}
+    assert set(rows) == {("SAZD", p, n, k) for p in ("bf16", "fp16") for n, k in pairs} | {
+        ("Poly chebyshev", p, n, k) for p in ("bf16", "fp16") for n, k in pairs}
+    own = {}
+    for (code, p, n, k), row in rows.items():
+        assert row["subsets"] == math.comb(n, k) and len(set(row["worst_packets_vs_same"])) == k
+        assert all(math.isfinite(row[key]) for key in ("worst_vs_same", "median_vs_same", "worst_vs_fp32",
+                                                       "median_vs_fp32", "own_rel_error"))
+        assert 0 <= row["median_vs_same"] <= row["worst_vs_same"] and 0 < row["own_rel_error"]
+        own.setdefault(p, row["own_rel_error"])
+        assert row["own_rel_error"] == own[p]  # the same uncoded convolution for every code and (n, k)
+        if code == "SAZD":  # measured: at most about 4.2x the rounding in either precision
+            assert row["worst_vs_same_over_own"] < 50 and row["worst_vs_fp32_over_own"] < 50
+    assert own["fp16"] < 2 ** -10 < own["bf16"] < 2 ** -7  # about the unit roundoffs 2**-11 and 2**-8
+    n, k = pairs[-1]
+    for p in ("bf16", "fp16"):  # measured: Poly about 3.5x worse at (6,4), growing with k (800x at (12,8))
+        assert 2 * rows[("SAZD", p, n, k)]["worst_vs_same"] < rows[("Poly chebyshev", p, n, k)]["worst_vs_same"]
+    sazd = rows[("SAZD", "bf16", n, k)]
+    assert f"| SAZD | bf16 | ({n},{k}) | {sazd['L']} | {sazd['subsets']} | {sazd['own_rel_error']:.2g} |" in md
+    bound = max(r["worst_vs_same_over_own"] for r in rows.values() if r["code"] == "SAZD")
+    assert f"Observed bound: SAZD decoding adds at most {bound:.2f}x the precision's own rounding" in md
 
 
 def test_bad_options_exit_with_status_2(tmp_path, capsys):

@@ -6,7 +6,9 @@ schedule compilation and cached decoding of an 8 MiB float32 block set, next to 
 reference of summing the same k packets with NumPy, measured in the same run (medians of repeats).
 SAZD decodes with --threads decode threads and Poly with as many BLAS threads, so the comparison
 is like for like; a thread table shows what the decode threads gain on 1, 2 and 4 times the block
-set. Writes codec.json and the codec.md rendered from it (atomically) to --out.
+set. Mixed precision (psframework.bench.precision): a coded convolution whose workers compute in bf16
+or fp16 and whose server decodes in fp32, over every k-subset of packets, for SAZD and Poly. Writes
+codec.json and the codec.md rendered from it (atomically) to --out.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 8, quick 1)")
     parser.add_argument("--limit", type=int, default=None, help="most arrival sets per accuracy cell; more are "
                         "sampled with the seed (default 5000, i.e. all for n <= 20; quick 40)")
-    parser.add_argument("--pairs", nargs="+", default=None, metavar="N,K", help="(n, k) pairs to run (default "
-                        + " ".join(f"{n},{k}" for n, k in PAIRS) + ")")
+    parser.add_argument("--pairs", nargs="+", default=None, metavar="N,K", help="(n, k) pairs of the accuracy, "
+                        "speed and thread tables (default " + " ".join(f"{n},{k}" for n, k in PAIRS) + "); the "
+                        "mixed-precision table always measures psframework.bench.precision.PAIRS (quick: the first "
+                        "two)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of sampled arrival sets")
     parser.add_argument("--threads", type=int, default=None, help="SAZD decode threads, and BLAS threads for Poly "
                         "(default: psframework.codes.get_decode_threads(), i.e. PSF_DECODE_THREADS or the usable "
@@ -331,6 +335,71 @@ def _accuracy_lines(report: Dict[str, Any]) -> List[str]:
                     "the real Vandermonde system instead, whatever L.", ""]
 
 
+def _times(value: Optional[float]) -> str:
+    """Return a ratio of errors: two decimals below 100, whole numbers above, n/a for none."""
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def _conv_mode_text(precision: str, mode: str) -> str:
+    """Return how a precision's convolutions were computed."""
+    if mode == "native":
+        return f"{precision}: torch's CPU convolution in {precision}"
+    return (f"{precision}: emulated (this torch build has no CPU {precision} convolution): inputs rounded to "
+            f"{precision}, accumulated in fp32, the output rounded to {precision}")
+
+
+def precision_bound(rows: Sequence[Dict[str, Any]], code: str) -> Optional[float]:
+    """Return the largest worst-error-over-own-rounding ratio of a code's mixed-precision rows (None: no rows)."""
+    ratios = [r["worst_vs_same_over_own"] for r in rows if r["code"] == code and r["worst_vs_same_over_own"]]
+    return max(ratios) if ratios else None
+
+
+def _precision_intro(table: Dict[str, Any]) -> str:
+    """Return what the mixed-precision table measured: the layer, the coding, the errors and the convolutions."""
+    layer = table["layer"]
+    shape, size = "x".join(str(d) for d in layer["input_shape"]), layer["symbol_size"]
+    convs = "; ".join(_conv_mode_text(p, m) for p, m in table["conv_modes"].items())
+    threads = table.get("torch_threads")
+    return (f"A seeded {layer['in_channels']} -> {layer['out_channels']} channel {layer['kernel']}x{layer['kernel']} "
+            f"convolution (padding {layer['padding']}, kaiming-normal weight, seed {layer['seed']}) of an N(0, 1) "
+            f"input of shape {shape}, coded along its out-channels ({size} channel{'' if size == 1 else 's'} per "
+            "symbol, L symbols per block). Weight and bias are encoded in fp32; worker j convolves with its packet "
+            "cast to the precision; the server casts the replies to fp32 and decodes every k-subset of the n "
+            "packets. Errors are max |decoded - target| / max |target|, worst (median) over the subsets: *vs same* "
+            "against the uncoded convolution computed in the same precision, *vs fp32* against the fp32 "
+            "convolution. *Own rounding* is the uncoded low-precision convolution against fp32; the ratios divide "
+            "the worst error by it. Convolutions"
+            + (f" ({threads} torch thread{'' if threads == 1 else 's'})" if threads else "") + f": {convs}.")
+
+
+def _precision_lines(report: Dict[str, Any]) -> List[str]:
+    """Return the mixed-precision table, where the report has one, and the bound it shows."""
+    table = report.get("mixed_precision")
+    if not table:
+        return []
+    rows = table["rows"]
+    lines = ["## Mixed precision: workers convolve in bf16 or fp16, the server decodes in fp32", "",
+             _precision_intro(table), "",
+             "| code | precision | (n,k) | L | subsets | own rounding | vs same: worst (median) | / own | "
+             "vs fp32: worst (median) | / own |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['code']} | {r['precision']} | ({r['n']},{r['k']}) | {r['L']} | {r['subsets']} | "
+                     f"{r['own_rel_error']:.2g} | {r['worst_vs_same']:.2g} ({r['median_vs_same']:.2g}) | "
+                     f"{_times(r['worst_vs_same_over_own'])} | {r['worst_vs_fp32']:.2g} ({r['median_vs_fp32']:.2g}) "
+                     f"| {_times(r['worst_vs_fp32_over_own'])} |")
+    pairs = ", ".join(f"({n},{k})" for n, k in _in_order([(r["n"], r["k"]) for r in rows]))
+    precisions = " and ".join(_in_order([r["precision"] for r in rows]))
+    bounds = {code: precision_bound(rows, code) for code in _in_order([r["code"] for r in rows])}
+    sazd = bounds.pop("SAZD", None)
+    others = "; ".join(f"{code} up to {_times(b)}x" for code, b in bounds.items() if b is not None)
+    if sazd is not None:
+        lines += ["", f"Observed bound: SAZD decoding adds at most {_times(sazd)}x the precision's own rounding "
+                  f"(worst over every subset, {precisions}, (n,k) in {pairs})" + (f"; {others}." if others else ".")]
+    return lines + [""]
+
+
 def _stripes_text(report: Dict[str, Any]) -> str:
     """Return when a block set is split into stripes, from the recorded minimum stripe width."""
     least = report["inputs"].get("min_stripe_symbol_bytes")
@@ -423,7 +492,7 @@ def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None
              f"- measured {report['date']}; {inputs['repeats']} timed repeats per speed figure (median), "
              f"accuracy over at most {inputs['limit']} arrival sets per cell (seed {inputs['seed']})", "",
              "Rerun with:", "", "```", report["command"], "```", ""]
-    lines += _accuracy_lines(report) + _speed_lines(report) + _thread_lines(report) + [""]
+    lines += _accuracy_lines(report) + _precision_lines(report) + _speed_lines(report) + _thread_lines(report) + [""]
     return "\n".join(lines + expect.section(report, expectations))
 
 
@@ -456,16 +525,22 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
         return rep.fail(PROG, str(exc))
     from threadpoolctl import threadpool_limits
 
+    from psframework.bench import precision
+
     machine = machine_info(threads)  # before the limit below, which it reports
     accuracy = accuracy_table(pairs, limit, args.seed)
     with threadpool_limits(threads, "blas"):  # Poly gets as many BLAS threads as SAZD decode threads
         speed = [speed_row(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads) for n, k in pairs]
     thread_table = [row for n, k in pairs if n > k
                     for row in thread_rows(n, k, SPEED_SYMBOLS, mib, repeats, args.seed, threads)]
+    # torch last, as in time_codecs: its worker threads keep spinning after each op and would slow the timings.
+    precision_pairs = precision.PAIRS[:precision.QUICK_PAIRS] if args.quick else list(precision.PAIRS)
+    mixed = precision.precision_table(precision_pairs, args.seed)
     inputs = {"pairs": [list(p) for p in pairs], "repeats": repeats, "mib": mib, "limit": limit, "seed": args.seed,
-              "quick": args.quick, "symbol_width": SYMBOL_WIDTH, "min_stripe_symbol_bytes": MIN_STRIPE_SYMBOL_BYTES}
+              "quick": args.quick, "symbol_width": SYMBOL_WIDTH, "min_stripe_symbol_bytes": MIN_STRIPE_SYMBOL_BYTES,
+              "precision_pairs": [list(p) for p in precision_pairs]}
     return {"benchmark": "codec", "command": rep.command_line(PROG, argv), "machine": machine, "date": rep.today(),
-            "inputs": inputs, "accuracy": accuracy, "speed": speed, "threads": thread_table}
+            "inputs": inputs, "accuracy": accuracy, "mixed_precision": mixed, "speed": speed, "threads": thread_table}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -42,8 +42,9 @@ class ServerLink(Protocol):
     def await_workers(self, start: int) -> None:
         """Wait until every worker is ready for the iteration after `start`."""
 
-    def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any]) -> None:
-        """Begin an iteration: readmit the workers that asked to rejoin, with the state the scheme gives."""
+    def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any], readmit: bool = True) -> None:
+        """Begin an iteration: readmit the workers that asked to rejoin (if `readmit`), with the state the scheme
+        gives."""
 
     def begin_iteration(self) -> None:
         """Start timing a new iteration's rounds."""

@@ -216,14 +216,16 @@ class MPIServerLink:
         """Declare how many workers a round needs: below that, rank 0 waits for detached ones to rejoin."""
         self.members.needed = needed
 
-    def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any]) -> None:
-        """Readmit the detached workers that asked to rejoin (waiting for one while too few are live)."""
+    def start_iteration(self, iteration: int, state_for: Callable[[int, int], Any], readmit: bool = True) -> None:
+        """Readmit the detached workers that asked to rejoin (`readmit`: an optimizer step starts here), waiting
+        for one while too few are live."""
         self.iteration = iteration
         self.started[iteration] = time.monotonic()
         self.started.pop(iteration - (self.members.detach_after or 0) - 1, None)
         self.note_failures()
         detached = self.members.detached
-        for rank in [r for r in detached if self.transport.has_message(r, *_fields(Msg.rejoin(0)))]:
+        asking = [r for r in detached if self.transport.has_message(r, *_fields(Msg.rejoin(0)))] if readmit else []
+        for rank in asking:
             self.readmit(rank, iteration, state_for)
         while len(self.live) < self.members.needed:
             ranks = sorted(detached)

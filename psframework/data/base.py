@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
 import torch
@@ -77,18 +77,27 @@ class TensorPair:
         """Do nothing: an in-memory split holds no loader."""
 
 
+Augment = Callable[[torch.Tensor, np.ndarray, int], torch.Tensor]  # (images, sample indices, epoch) -> images
+
+
 @dataclass
 class Dataset:
-    """A train/test split with its shape and class count."""
+    """A train/test split with its shape and class count, and the augmentation of training batches."""
 
     name: str
     train: Split
     test: Split
     num_classes: int
+    augment: Optional[Augment] = None
 
     def to(self, device: Any) -> "Dataset":
         """Return the dataset with both splits on `device` (itself when they are there already)."""
-        return Dataset(self.name, self.train.to(device), self.test.to(device), self.num_classes)
+        return Dataset(self.name, self.train.to(device), self.test.to(device), self.num_classes, self.augment)
+
+    def train_batch(self, indices: np.ndarray, epoch: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return the training images of these samples as augmented in `epoch`, and their labels."""
+        images, labels = self.train.fetch(indices)
+        return (images if self.augment is None else self.augment(images, indices, epoch)), labels
 
     @property
     def image_shape(self) -> tuple:
@@ -105,15 +114,6 @@ def to_tensor_pair(images: np.ndarray, labels: np.ndarray) -> TensorPair:
     """Wrap uint8 or float images (N, C, H, W) and integer labels as tensors."""
     return TensorPair(torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)),
                       torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
-
-
-def standardize(train: TensorPair, test: TensorPair) -> None:
-    """Scale both splits in place by the train split's per-channel mean and deviation."""
-    dims = (0, 2, 3)
-    mean = train.images.mean(dim=dims, keepdim=True)
-    std = train.images.std(dim=dims, keepdim=True).clamp_min(1e-6)
-    train.images.sub_(mean).div_(std)
-    test.images.sub_(mean).div_(std)
 
 
 def resize(pair: TensorPair, size: int) -> TensorPair:

@@ -11,6 +11,7 @@ import torch
 
 from psframework.data.base import Dataset, TensorPair, resize
 from psframework.data.stream import Samples, StreamedSplit, check_labels, label_array
+from psframework.data.transforms import augmentation, normalize
 from psframework.errors import ConfigError, DatasetError
 from psframework.imports import call_factory, load_factory
 
@@ -124,13 +125,15 @@ def _cache_key(data_cfg: Any) -> Tuple[str, str]:
 
 
 def load_custom(data_cfg: Any, input_size: Optional[int] = None) -> Dataset:
-    """Return the dataset a factory builds; the factory owns normalisation, so none is applied here."""
+    """Return the dataset a factory builds, normalised as `data.normalize` says (by default not: the factory's own)."""
     path = data_cfg.dataset
     with real_tensors():
         train, test, classes = call_dataset_factory(data_cfg)
         classes = num_classes_of(train, classes, path)
         dataset = Dataset(name=path, train=_split(train, data_cfg, "train", classes, input_size),
-                          test=_split(test, data_cfg, "test", classes, input_size), num_classes=classes)
+                          test=_split(test, data_cfg, "test", classes, input_size), num_classes=classes,
+                          augment=augmentation(data_cfg))
+        normalize(dataset.train, dataset.test, data_cfg.normalize or "none", data_cfg)
     stored = dataset.image_shape if is_streamed(train, path, "train") else _images(train[0], "").shape[1:]
     _SHAPES[_cache_key(data_cfg)] = (tuple(int(n) for n in stored), classes)
     return dataset

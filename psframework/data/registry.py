@@ -9,11 +9,12 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from psframework.data.base import Dataset, resize, standardize, to_tensor_pair
+from psframework.data.base import Dataset, resize, to_tensor_pair
 from psframework.data.cifar import load_cifar10
 from psframework.data.custom import custom_image_shape, custom_shape, load_custom
 from psframework.data.idx import load_mnist_like
 from psframework.data.synthetic import make_synthetic
+from psframework.data.transforms import augmentation, normalize
 from psframework.errors import DatasetError
 from psframework.imports import is_import_path
 
@@ -84,8 +85,8 @@ def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
     test = to_tensor_pair(arrays[2], arrays[3])
     if input_size is not None:
         train, test = resize(train, input_size), resize(test, input_size)
-    standardize(train, test)
-    return Dataset(name=name, train=train, test=test, num_classes=classes)
+    normalize(train, test, data_cfg.normalize or "auto", data_cfg)
+    return Dataset(name=name, train=train, test=test, num_classes=classes, augment=augmentation(data_cfg))
 
 
 def dataset_shape(data_cfg) -> tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import weakref
-from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -210,6 +210,7 @@ class StreamedSplit:
         self._samples = Samples(dataset, where, num_classes, self._first_shape())
         self._ahead: Optional[Prefetcher] = None
         self._targets: Optional[torch.Tensor] = None
+        self.normalize: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # applied to every batch delivered
 
     def _first_shape(self) -> Tuple[int, ...]:
         """Load sample 0 and return its image shape; reject one unlike the model's input size."""
@@ -298,6 +299,8 @@ class StreamedSplit:
         images, labels, problem = batch
         if problem:
             raise DatasetError(problem)
+        if self.normalize is not None:
+            images = self.normalize(images)
         if self.device.type == "cpu":
             return images, labels
         # Loader batches are pinned for a CUDA device, so their copy overlaps the caller's work.

@@ -46,7 +46,8 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
         if note:
             print(note, flush=True)
         server = scheme.load(scheme.server)
-        side, outcome = attempt(lambda: _server_side(settings, server, opening, None, SoleServer()))
+        group = SoleServer(settings.optim.label_smoothing)
+        side, outcome = attempt(lambda: _server_side(settings, server, opening, None, group))
         _agree_or_close(None, outcome, opening)
         from psframework.schemes.driver import run_server
 

@@ -22,12 +22,21 @@ FORMAT = 3
 FINGERPRINT_KEYS = (
     "scheme", "model.name", "model.args", "model.split_at", "model.input_size", "model.channels", "model.fc",
     "model.batch_norm", "model.dropout", "data.dataset", "data.args", "data.batch_size", "data.seed",
-    "data.drop_last", "data.synthetic",
+    "data.drop_last", "data.synthetic", "data.augment", "data.augment_padding", "data.augment_flip",
+    "data.normalize", "data.mean", "data.std",
     "train.optimizer", "train.lr", "train.momentum", "train.nesterov", "train.weight_decay", "train.lr_schedule",
-    "train.head_optimizer", "train.head_lr", "train.seed",
+    "train.lr_milestones", "train.lr_gamma", "train.lr_step_epochs", "train.lr_pct_start", "train.lr_div_factor",
+    "train.lr_final_div_factor", "train.warmup", "train.warmup_unit", "train.warmup_start_factor",
+    "train.head_optimizer", "train.head_lr", "train.seed", "train.label_smoothing", "train.accumulate",
+    "train.precision",
 )
 # Keys older checkpoints do not record, with the value that means what those checkpoints did.
-ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}}
+ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}, "data.augment": "none",
+              "data.augment_padding": 4, "data.augment_flip": 0.5, "data.normalize": None, "data.mean": None,
+              "data.std": None, "train.lr_milestones": [], "train.lr_gamma": 0.1, "train.lr_step_epochs": 30,
+              "train.lr_pct_start": 0.3, "train.lr_div_factor": 25.0, "train.lr_final_div_factor": 1e4,
+              "train.warmup": 0, "train.warmup_unit": "epochs", "train.warmup_start_factor": 0.1,
+              "train.label_smoothing": 0.0, "train.accumulate": 1, "train.precision": "fp32"}
 CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
@@ -116,13 +115,6 @@ def head_optimizer(optim: OptimSettings, params: Sequence[torch.nn.Parameter]) -
     return make_optimizer(params, o.head_optimizer or o.optimizer, lr, o.momentum, o.nesterov, o.weight_decay)
 
 
-def lr_factor(schedule: str, iteration: int, total: int) -> float:
-    """Return the learning-rate multiplier of an iteration (1-based) under a schedule."""
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * (iteration - 1) / max(total, 1)))
-    return 1.0
-
-
 def scale_lr(optimizers: Sequence[Optional[torch.optim.Optimizer]], factor: float) -> None:
     """Set every parameter group's learning rate to its initial value times `factor`."""
     for opt in optimizers:
@@ -135,17 +127,48 @@ def scale_lr(optimizers: Sequence[Optional[torch.optim.Optimizer]], factor: floa
 
 @dataclass(frozen=True)
 class Step:
-    """One training iteration: its global number (1-based), epoch, batch and sample indices."""
+    """One training iteration: its global number (1-based), epoch, batch and sample indices.
+
+    With gradient accumulation (`train.accumulate` m) an iteration is one micro-batch: the
+    optimizers step after the last of every m (`last`), and each micro-batch's loss counts 1/m (`share`).
+    """
 
     iteration: int
     epoch: int
     batch: int
     indices: np.ndarray
+    accumulate: int = 1
+
+    @property
+    def micro(self) -> int:
+        """Return this micro-batch's place (0-based) in its optimizer step."""
+        return (self.iteration - 1) % self.accumulate
+
+    @property
+    def first(self) -> bool:
+        """Return whether this iteration starts an optimizer step (gradients start from zero)."""
+        return self.micro == 0
+
+    @property
+    def last(self) -> bool:
+        """Return whether the optimizers step after this iteration."""
+        return self.micro == self.accumulate - 1
+
+    @property
+    def share(self) -> float:
+        """Return the weight of this micro-batch's loss in its optimizer step's loss."""
+        return 1.0 / self.accumulate
 
 
-def iteration_plan(data: DataConfig, num_samples: int, start: int, total: int) -> Iterator[Step]:
+def iterations_per_epoch(data: DataConfig, num_samples: int, accumulate: int = 1) -> int:
+    """Return an epoch's iterations: its micro-batches, the last ones that fill no optimizer step dropped."""
+    return num_batches(num_samples, data.batch_size, data.drop_last) // accumulate * accumulate
+
+
+def iteration_plan(data: DataConfig, num_samples: int, start: int, total: int,
+                   accumulate: int = 1) -> Iterator[Step]:
     """Yield iterations start+1..total: each global batch, in the order fixed by `data.seed`."""
-    per_epoch = num_batches(num_samples, data.batch_size, data.drop_last)
+    per_epoch = iterations_per_epoch(data, num_samples, accumulate)
     iteration = start
     epoch, batch = divmod(start, per_epoch)
     while iteration < total:
@@ -153,8 +176,10 @@ def iteration_plan(data: DataConfig, num_samples: int, start: int, total: int) -
                                        drop_last=data.drop_last):
             if iteration >= total:
                 return
+            if batch >= per_epoch:
+                break
             iteration += 1
-            yield Step(iteration, epoch, batch, indices)
+            yield Step(iteration, epoch, batch, indices, accumulate)
             batch += 1
         epoch, batch = epoch + 1, 0
 

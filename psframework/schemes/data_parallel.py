@@ -162,7 +162,7 @@ class DataParallelWorker(WorkerSide):
         if self.link.has(self.opening(after)):
             self.link.report.skipped()  # rank 0 has finished this iteration without this worker
             return
-        images, labels = self.dataset.train.fetch(self.my_shard(step.indices))
+        images, labels = self.dataset.train_batch(self.my_shard(step.indices), step.epoch)
         self.compute(step, params, images, labels, after)
 
     def straggle(self, iteration: int, started: float) -> None:

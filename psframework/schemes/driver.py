@@ -19,13 +19,14 @@ import torch
 
 from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Detached, StopEarly, cpu_per_iteration
-from psframework.data import Dataset, num_batches
+from psframework.data import Dataset
 from psframework.metrics import Progress, RunRecorder
 from psframework.runtime.preempt import FLAG, Preempted
 from psframework.schemes.checkpoint import restore, save_checkpoint
-from psframework.schemes.common import Step, evaluate, iteration_plan, lr_factor, scale_lr
+from psframework.schemes.common import Step, evaluate, iteration_plan, iterations_per_epoch, scale_lr
+from psframework.schemes.lr_schedule import check_schedule, lr_factor
 from psframework.schemes.groups import Group, SoleServer
-from psframework.settings import Settings
+from psframework.settings import ScheduleSettings, Settings
 
 STEP, SYNC, STOP = "step", "sync", "stop"
 
@@ -40,7 +41,8 @@ class Schedule:
     eval_every: int = 0
     verify_every: int = 0
     checkpoint_every: int = 0
-    lr_schedule: str = "constant"
+    lr: ScheduleSettings = ScheduleSettings()
+    accumulate: int = 1  # iterations (micro-batches) per optimizer step
 
     def evaluates(self, iteration: int) -> bool:
         """Return whether the model is evaluated after this iteration (default: at every epoch's end)."""
@@ -60,28 +62,37 @@ class Schedule:
         """Return whether rank 0 needs the current model after this iteration."""
         return self.evaluates(iteration) or self.checkpoints(iteration) or self.verifies(iteration)
 
+    def steps(self, iteration: int) -> bool:
+        """Return whether the optimizers step after this iteration (the last micro-batch of an optimizer step)."""
+        return iteration % self.accumulate == 0
+
     def lr_factor(self, iteration: int) -> float:
-        """Return the learning-rate multiplier of an iteration."""
-        return lr_factor(self.lr_schedule, iteration, self.total)
+        """Return the learning-rate multiplier of an iteration: that of its optimizer step."""
+        m = self.accumulate
+        return lr_factor(self.lr, (iteration - 1) // m + 1, self.total // m, self.per_epoch // m, m)
 
 
 def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Schedule:
     """Return the schedule of a run over `num_samples` training samples."""
-    run, data = settings.run, settings.data
-    per_epoch = num_batches(num_samples, data.batch_size, data.drop_last)
+    run, data, optim = settings.run, settings.data, settings.optim
+    m = optim.accumulate
+    per_epoch = iterations_per_epoch(data, num_samples, m)
     if per_epoch == 0:
         from psframework.config import ConfigError
 
-        raise ConfigError(f"data.batch_size: got {data.batch_size}, larger than the {num_samples} training samples")
+        steps = f" x train.accumulate={m}" if m > 1 else ""
+        raise ConfigError(f"data.batch_size: got {data.batch_size}{steps}, larger than the {num_samples} "
+                          "training samples")
     total = per_epoch * run.epochs
     total = min(total, run.max_iterations) if run.max_iterations else total
+    check_schedule(optim.schedule, total // m, per_epoch // m, m)
     return Schedule(start, total, per_epoch, run.eval_every, run.verify_every, run.checkpoint_every,
-                    settings.optim.schedule)
+                    optim.schedule, m)
 
 
 def steps(settings: Settings, num_samples: int, schedule: Schedule) -> Iterator[Step]:
     """Yield the run's remaining iterations in the order fixed by `data.seed`."""
-    return iteration_plan(settings.data, num_samples, schedule.start, schedule.total)
+    return iteration_plan(settings.data, num_samples, schedule.start, schedule.total, schedule.accumulate)
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,7 @@ class ServerSide(ABC):
     def __init__(self, settings: Settings, problem: Problem, link: Optional[ServerLink] = None,
                  group: Optional[Group] = None) -> None:
         self.settings, self.problem, self.link = settings, problem, link  # no link: a single-process scheme
-        self.group: Group = group or SoleServer()  # this server's place among the run's servers
+        self.group: Group = group or SoleServer(settings.optim.label_smoothing)  # its place among the run's servers
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
 
     @property
@@ -241,12 +252,13 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         problem.dataset.train.prefetch(side.batch_indices(step) for step in steps(settings, num_train, schedule))
     for step in steps(settings, num_train, schedule):
         if side.link is not None:
-            side.link.start_iteration(step.iteration, side.readmission_state)
+            # A worker rejoins where an optimizer step starts: no accumulated gradient is missing from its state.
+            side.link.start_iteration(step.iteration, side.readmission_state, readmit=step.first)
         scale_lr(side.optimizers, schedule.lr_factor(step.iteration))
         loss = train_step(side, step, recorder)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
-        if side.group.stop and step.iteration < schedule.total:
+        if step.last and side.group.stop and step.iteration < schedule.total:
             stop_early(settings, side, schedule, step.iteration, recorder)
     problem.dataset.close()  # stops a streamed dataset's loader processes
     fields = summary_fields(settings, side, schedule, recorder, world_size, final)

@@ -22,6 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.data import shard, shard_bounds
 from psframework.runtime.preempt import FLAG
+from psframework.schemes.recipe import training_loss
 from psframework.schemes.vectors import pack, set_grads
 
 
@@ -96,6 +97,9 @@ class SoleServer:
 
     index, count, lead = 0, 1, True
 
+    def __init__(self, smoothing: float = 0.0) -> None:
+        self.smoothing = smoothing  # train.label_smoothing
+
     @property
     def stop(self) -> bool:
         """Return whether a preemption signal asks the run to stop."""
@@ -110,7 +114,7 @@ class SoleServer:
 
     def loss(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Return the mean cross-entropy over the batch."""
-        return torch.nn.functional.cross_entropy(scores, labels)
+        return training_loss(scores, labels, self.smoothing)
 
     def sum_gradients(self, optimizers: Sequence[torch.optim.Optimizer], loss: float) -> float:
         """Return the loss: the gradients are already the whole batch's."""
@@ -148,8 +152,9 @@ class ServerGroup:
     `broadcast`, `gather` and `stats`); rank g among them leads group g, rank 0 is the lead server.
     """
 
-    def __init__(self, peers: Any, index: int, count: int) -> None:
+    def __init__(self, peers: Any, index: int, count: int, smoothing: float = 0.0) -> None:
         self.peers, self.index, self.count = peers, index, count
+        self.smoothing = smoothing  # train.label_smoothing
         self.scale = 1.0  # 1 / the global batch's size: each part's loss is its share of the mean
         self.stop = False  # whether any server asked to stop after the current iteration
         self._bytes0 = 0
@@ -178,7 +183,7 @@ class ServerGroup:
 
     def loss(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Return this part's share of the mean cross-entropy over the global batch."""
-        return torch.nn.functional.cross_entropy(scores, labels, reduction="sum") * self.scale
+        return training_loss(scores, labels, self.smoothing, reduction="sum") * self.scale
 
     def sum_gradients(self, optimizers: Sequence[torch.optim.Optimizer], loss: float) -> float:
         """Sum the gradients the optimizers will step, the loss and the stop flags over the servers; return the loss.

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
@@ -30,6 +29,7 @@ from psframework.schemes.common import Step, conv_optimizer, head_optimizer, sca
 from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, running_stats,
                                                weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
+from psframework.schemes.recipe import autocast, training_loss
 from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group
 from psframework.settings import Settings
@@ -62,9 +62,11 @@ class PSServer(DataParallelServer):
         # Gradients and losses alike: the mean over the samples used.
         mean = weighted_sum(replies.data, result.sample_weights())
         count = vector.numel()
-        set_grads(params, mean[:count])
-        for opt in self.optimizers:
-            opt.step()
+        # Accumulation: each micro-batch's gradient counts step.share; the optimizers step after the last.
+        set_grads(params, mean[:count] * step.share, add=not step.first)
+        if step.last:
+            for opt in self.optimizers:
+                opt.step()
         self.keep_running_stats({j: v[count:-1] for j, v in replies.data.items()}, result)
         result.loss = float(mean[-1])
         return result
@@ -134,9 +136,10 @@ class ShardedPSServer(PSServer):
         factor = self.schedule.lr_factor(step.iteration)
         lo = self.regions[0].start
         for region in self.regions:
-            region.value.grad = mean[region.start - lo:region.stop - lo].clone()
-            scale_lr([region.optimizer], factor)
-            region.optimizer.step()
+            set_grads([region.value], mean[region.start - lo:region.stop - lo] * step.share, add=not step.first)
+            if step.last:
+                scale_lr([region.optimizer], factor)
+                region.optimizer.step()
         size = vector.numel()
         if self.lead:  # the lead's shard carries the running statistics and the loss
             self.keep_running_stats({j: v[size:-1] for j, v in replies.data.items()}, result)
@@ -174,8 +177,10 @@ class PSWorker(DataParallelWorker):
         t0 = time.perf_counter()
         for p in weights:
             p.grad = None
+        optim = self.settings.optim
         with self.link.busy():
-            loss = F.cross_entropy(self.model(images), labels)
+            with autocast(optim.precision, images.device):
+                loss = training_loss(self.model(images), labels, optim.label_smoothing)
             loss.backward()
         grads = pack([p.grad for p in weights])
         extra = torch.cat([pack(running_stats(self.model)), loss.detach().reshape(1)])

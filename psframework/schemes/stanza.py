@@ -23,7 +23,6 @@ import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -37,6 +36,7 @@ from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, Da
 from psframework.schemes.driver import Event, Problem, Schedule
 from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group, part_size, start_sum, sync_bytes
+from psframework.schemes.recipe import autocast
 from psframework.settings import Settings
 
 
@@ -76,11 +76,10 @@ class StanzaServer(DataParallelServer):
         shards = self.shards(step)
         result = self.result(step, arrived)
         labels = self.problem.dataset.train.labels_of(step.indices)
-        x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
-        self.head_opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.cut.head(x), torch.cat([labels[shards[j]] for j in result.used]))
-        loss.backward()
-        self.head_opt.step()
+        x = torch.cat([arrived.data[j] for j in result.used]).float().requires_grad_(True)
+        loss = self.head_loss(step, x, torch.cat([labels[shards[j]] for j in result.used]))
+        if step.last:
+            self.head_opt.step()
         ranks = [self.link.workers[j] for j in result.used]
         grads = self.link.expect(Msg.grads(it), ranks)
         pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
@@ -88,22 +87,42 @@ class StanzaServer(DataParallelServer):
         replies = self.link.collect_within(grads, max(PATIENCE_S, PATIENCE_ROUNDS * forward_s))
         for j, piece in zip(result.used, pieces):
             if j not in replies.data:  # a worker stalled after its features were used: do its backward here
-                replies.data[j] = self.conv_grads(step.indices[shards[j]], piece)
+                replies.data[j] = self.conv_grads(step, step.indices[shards[j]], piece)
         count = sum(p.numel() for p in conv)
         # Conv gradients add up (each is that worker's share of the mean loss); running statistics average.
-        set_grads(conv, weighted_sum(replies.data, dict.fromkeys(result.used, 1.0))[:count])
-        self.conv_opt.step()
+        set_grads(conv, weighted_sum(replies.data, dict.fromkeys(result.used, 1.0))[:count], add=not step.first)
+        if step.last:
+            self.conv_opt.step()
         self.keep_running_stats({j: v[count:] for j, v in replies.data.items()}, result)
         result.loss = float(loss.detach())
         return result
 
-    def conv_grads(self, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
+    def head_loss(self, step: Step, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Run the head on the features, backpropagate this micro-batch's share of the loss; return the loss.
+
+        The head's gradients accumulate over the micro-batches of an optimizer step.
+        """
+        optim = self.settings.optim
+        if step.first:
+            self.head_opt.zero_grad(set_to_none=True)
+        with self.group.batchnorm(self.cut.head), autocast(optim.precision, x.device):
+            loss = self.group.loss(self.cut.head(x), labels)
+        (loss * step.share).backward()
+        return loss
+
+    def conv_grads(self, step: Step, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
         """Return what a worker would send for its shard: conv gradients and running statistics."""
+        grads = [p.grad for p in self.trunk]  # this iteration's sum so far, kept aside
         for p in self.trunk:
             p.grad = None
-        images = self.problem.dataset.train.fetch(indices)[0]
-        self.cut.trunk(images).backward(feature_grads)
-        return torch.cat([pack([p.grad for p in self.trunk]), pack(running_stats(self.cut.trunk))])
+        images = self.problem.dataset.train_batch(indices, step.epoch)[0]
+        with autocast(self.settings.optim.precision, images.device):
+            features = self.cut.trunk(images)
+        features.float().backward(feature_grads)
+        vector = torch.cat([pack([p.grad for p in self.trunk]), pack(running_stats(self.cut.trunk))])
+        for p, g in zip(self.trunk, grads):
+            p.grad = g
+        return vector
 
 
 class GroupStanzaServer(StanzaServer):
@@ -120,16 +139,15 @@ class GroupStanzaServer(StanzaServer):
         arrived = self.link.collect(self.link.expect(features_envelope(it)), self.link.n, rotate=False)
         result = self.result(step, arrived)
         labels = self.problem.dataset.train.labels_of(self.batch_indices(step))
-        x = torch.cat([arrived.data[j] for j in result.used]).requires_grad_(True)
-        self.head_opt.zero_grad(set_to_none=True)
-        with self.group.batchnorm(self.cut.head):
-            loss = self.group.loss(self.cut.head(x), labels)
-        loss.backward()
+        x = torch.cat([arrived.data[j] for j in result.used]).float().requires_grad_(True)
+        loss = self.head_loss(step, x, labels)
         # The workers backpropagate while the servers sum the head's gradients: the sum is off their path.
         pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
         self.link.send(pieces, feature_grads_envelope(it), [self.link.workers[j] for j in result.used])
-        result.loss = self.group.sum_gradients([self.head_opt], float(loss.detach()))
-        self.head_opt.step()
+        # The head's gradients are summed once per optimizer step; the loss of every micro-batch.
+        result.loss = self.group.sum_gradients([self.head_opt] if step.last else [], float(loss.detach()))
+        if step.last:
+            self.head_opt.step()
         return result
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
@@ -152,22 +170,27 @@ class StanzaWorker(DataParallelWorker):
                 after: Event) -> None:
         it = step.iteration
         unpack_into(self.trunk, params)
-        features = self.forward(it, images)
+        features = self.forward(it, images, fresh=True)
         # Rank 0 answers with the features' gradient, or goes on without this worker (next iteration or stop).
         if self.link.first_of([feature_grads_envelope(it), self.opening(after)]) == 1:
             self.link.report.skipped()
             return
         self.link.reply(self.backward(it, features, 1.0), Msg.grads(it))
 
-    def forward(self, iteration: int, images: torch.Tensor) -> torch.Tensor:
-        """Run the conv stack on this worker's shard and send the features to the server; return them."""
+    def forward(self, iteration: int, images: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """Run the conv stack on this worker's shard and send the features to the server; return them.
+
+        `fresh`: the conv gradients start from zero (otherwise they accumulate over an optimizer step).
+        """
         t0 = time.perf_counter()
-        for p in self.trunk:
-            p.grad = None
-        with self.link.busy():
+        if fresh:
+            for p in self.trunk:
+                p.grad = None
+        with self.link.busy(), autocast(self.settings.optim.precision, images.device):
             features = self.cut.trunk(images)
         self.straggle(iteration, t0)
-        self.link.reply(features.detach().contiguous(), features_envelope(iteration), count=False)
+        # Features travel in float32 whatever train.precision: the head's input, as the byte model counts it.
+        self.link.reply(features.detach().float().contiguous(), features_envelope(iteration), count=False)
         return features
 
     def backward(self, iteration: int, features: torch.Tensor, share: float) -> torch.Tensor:
@@ -176,7 +199,7 @@ class StanzaWorker(DataParallelWorker):
         grad = self.link.take(feature_grads_envelope(iteration))
         t0 = time.perf_counter()
         with self.link.busy():
-            features.backward(grad)
+            features.backward(grad.to(features.dtype))
         vector = torch.cat([pack([p.grad for p in self.trunk]), pack(running_stats(self.cut.trunk)) * share])
         self.straggle(iteration, t0)
         return vector
@@ -201,10 +224,12 @@ class GroupStanzaWorker(StanzaWorker):
     def step(self, step: Step, after: Event) -> None:
         self.settle()
         it = step.iteration
-        images = self.dataset.train.fetch(self.my_shard(step.indices))[0]
-        features = self.forward(it, images)
+        images = self.dataset.train_batch(self.my_shard(step.indices), step.epoch)[0]
+        features = self.forward(it, images, fresh=step.first)
         share = len(images) / len(step.indices)  # running statistics: the mean over all workers, by samples
         vector = self.backward(it, features, share)
+        if not step.last:  # the conv gradients accumulate until the optimizer step's last micro-batch
+            return
         scale_lr([self.conv_opt], self.schedule.lr_factor(it))
         self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
                                  self.link.progress)

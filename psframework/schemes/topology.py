@@ -35,7 +35,8 @@ def join(settings: Settings, scheme: Scheme, comm: Any) -> Topology:
     node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=servers, shards=sharded)
     server, worker = scheme.sides(servers)
     if node.roles.is_server:
-        group = ServerGroup(node.across, node.roles.group, servers) if servers > 1 else SoleServer()
+        smoothing = settings.optim.label_smoothing
+        group = ServerGroup(node.across, node.roles.group, servers, smoothing) if servers > 1 else SoleServer(smoothing)
         return Topology(node, scheme.load(server), server_link(settings, node), group)
     return Topology(node, scheme.load(worker), worker_link(node))
 

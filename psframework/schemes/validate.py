@@ -30,6 +30,8 @@ def validate_run(cfg: Config) -> Config:
     scheme.check(cfg)
     straggler_spec(cfg)  # the straggler model checks its own parameters
     _check_geometry(cfg)
+    _check_precision(cfg)
+    _check_augment(cfg)
     return cfg
 
 
@@ -52,6 +54,35 @@ def _check_signal(name: str) -> None:
     if not ok:
         raise ConfigError(f"train.preempt_signal: got {name!r}, expected a signal name such as USR2, USR1, INT "
                           "or HUP (TERM is always caught), or none")
+
+
+def _check_precision(cfg: Config) -> None:
+    """Check train.precision against the device: fp16 autocast and its loss scaler need a GPU."""
+    if cfg.train.precision != "fp16":
+        return
+    import torch
+
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if not cuda:
+        raise ConfigError(f"train.precision: got fp16 with device {cfg.device!r}"
+                          f"{'' if cfg.device == 'cpu' else ' and no GPU'}, expected bf16 or fp32 on the CPU "
+                          "(fp16 needs device cuda)")
+
+
+def _check_augment(cfg: Config) -> None:
+    """Check data.augment against the dataset: a crop and a flip need images."""
+    d = cfg.data
+    if d.augment == "none":
+        return
+    from psframework.schemes.common import input_shape
+
+    channels, height, width = input_shape(cfg)
+    if min(height, width) < 2:
+        raise ConfigError(f"data.augment: got {d.augment!r} for data.dataset {d.dataset!r}, whose samples are "
+                          f"{channels}x{height}x{width}, expected images of at least 2x2 pixels (or augment: none)")
+    if d.augment_padding >= min(height, width):
+        raise ConfigError(f"data.augment_padding: got {d.augment_padding}, expected fewer pixels than the images' "
+                          f"{height}x{width}")
 
 
 def _check_geometry(cfg: Config) -> None:

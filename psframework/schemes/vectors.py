@@ -38,12 +38,17 @@ def unpack_into(tensors: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
     _check_length(vector, offset)
 
 
-def set_grads(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
-    """Set every parameter's .grad from consecutive pieces of `vector` (copies: the vector may be reused)."""
+def set_grads(params: Sequence[torch.Tensor], vector: torch.Tensor, add: bool = False) -> None:
+    """Set every parameter's .grad from consecutive pieces of `vector` (copies: the vector may be reused);
+    `add` adds them to the gradients already there (accumulation)."""
     offset = 0
     for p in params:
         size = p.numel()
-        p.grad = vector[offset:offset + size].view_as(p).clone()
+        piece = vector[offset:offset + size].view_as(p)
+        if add and p.grad is not None:
+            p.grad.add_(piece)
+        else:
+            p.grad = piece.clone()
         offset += size
 
 

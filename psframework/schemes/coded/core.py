@@ -24,6 +24,7 @@ from psframework.schemes.coded.remote import remote_convs
 from psframework.schemes.coded.state import encode_state
 from psframework.schemes.common import make_optimizer, scale_lr
 from psframework.schemes.groups import Group
+from psframework.schemes.recipe import autocast, compute_dtype
 from psframework.schemes.vectors import momentum_of, pack, set_momentum, unpack
 from psframework.settings import OptimSettings
 
@@ -46,6 +47,7 @@ class Update:
 
     pieces: List[Callable[[], List[torch.Tensor]]]  # gradients still to compute, one piece of work each
     lr_factor: float  # the schedule's learning-rate factor of the iteration it belongs to
+    steps: bool = True  # whether the optimizer steps after it (False: a micro-batch whose gradients accumulate)
     grads: List[torch.Tensor] = field(default_factory=list)  # gradients computed so far
 
 
@@ -56,13 +58,18 @@ class CodedWorker:
     it waits for the layer's next forward command or, at the latest, before its next forward pass.
     The server's next backward round needs the worker's reply, not its update, so the update leaves
     the backward pass's critical path. Every update is still applied, in order, with its own
-    iteration's learning rate.
+    iteration's learning rate. With gradient accumulation the updates of an optimizer step's
+    micro-batches add up (their sum is the coded image of the step's gradient) and the step is
+    taken once, after the last. Replies are computed in `train.precision`; updates in float32, so
+    that every coded copy stays an exact image of one weight.
     """
 
     def __init__(self, j: int, code: Code, codings: List[LayerCoding], weights: List[CodedWeights],
                  optim: OptimSettings) -> None:
         self.j = j
+        self.dtype = compute_dtype(optim.precision)
         self.deferred: Dict[int, Update] = {}
+        self.accumulated: Dict[int, List[torch.Tensor]] = {}  # gradients of an optimizer step's earlier micro-batches
         self.code = code
         self.codings = codings
         self.weights = weights
@@ -92,24 +99,26 @@ class CodedWorker:
         self.inputs[layer] = x
         if not reply:
             return None
-        return coded_forward(self.codings[layer], x, self.weights[layer])
+        return coded_forward(self.codings[layer], x, self.weights[layer], self.dtype)
 
     def on_backward(self, layer: int, dy: torch.Tensor, reply: bool = True) -> Optional[torch.Tensor]:
         """Return the coded input gradient with the current weights, unless stale or layer 0."""
         coding, w = self.codings[layer], self.weights[layer]
         if not (reply and coding.has_column_copy):
             return None
-        return coded_input_grad(coding, dy, w, self._input(layer).shape)
+        return coded_input_grad(coding, dy, w, self._input(layer).shape, self.dtype)
 
-    def update(self, layer: int, dy: torch.Tensor, coded: bool = False, lr_factor: float = 1.0) -> None:
-        """Queue the layer's update from dY (or, for a layer without a column copy, SA_j(dY))."""
+    def update(self, layer: int, dy: torch.Tensor, coded: bool = False, lr_factor: float = 1.0,
+               steps: bool = True) -> None:
+        """Queue the layer's update from dY (or, for a layer without a column copy, SA_j(dY)); `steps`: the
+        optimizer steps after it (otherwise its gradients accumulate for the step's later micro-batches)."""
         coding = self.codings[layer]
         if coded and coding.has_column_copy:
             raise ValueError(f"layer {layer}: a coded output gradient only updates a layer without a column copy")
         if layer in self.deferred:  # one update per layer and iteration: the older one first
             self._apply(layer)
         pieces = weight_grad_pieces(coding, self.code, self.j, self._input(layer), dy, self.weights[layer], coded)
-        self.deferred[layer] = Update(pieces, lr_factor)
+        self.deferred[layer] = Update(pieces, lr_factor, steps)
 
     def has_update(self, layer: int) -> bool:
         """Return whether the layer has a queued update."""
@@ -140,6 +149,11 @@ class CodedWorker:
         task = self.deferred.pop(layer)
         grads = task.grads + [g for piece in task.pieces for g in piece()]
         self.inputs[layer] = None
+        if layer in self.accumulated:
+            grads = [a.add_(g) for a, g in zip(self.accumulated.pop(layer), grads)]
+        if not task.steps:
+            self.accumulated[layer] = grads
+            return
         scale_lr([self.optimizers[layer]], task.lr_factor)
         self._conclude(layer, grads)
 
@@ -213,8 +227,10 @@ class CodedServer:
     """
 
     def __init__(self, model: nn.Module, code: Code, codings: List[LayerCoding], plan: CommandPlan,
-                 optimizers: Sequence[Optional[torch.optim.Optimizer]], exchange: Exchange, group: Group) -> None:
+                 optimizers: Sequence[Optional[torch.optim.Optimizer]], exchange: Exchange, group: Group,
+                 precision: str = "fp32") -> None:
         self.model = model
+        self.precision = precision  # autocast of the layers rank 0 runs
         self.code = code
         self.codings = codings
         self.plan = plan
@@ -224,20 +240,28 @@ class CodedServer:
         self.group = group
         self.decode_s = 0.0  # seconds spent decoding in the last step
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Run one iteration on this server's batch (x, y); return the loss of the whole batch."""
+    def step(self, x: torch.Tensor, y: torch.Tensor, first: bool = True, last: bool = True,
+             share: float = 1.0) -> float:
+        """Run one iteration on this server's batch (x, y); return the loss of the whole batch.
+
+        With gradient accumulation an iteration is a micro-batch whose loss counts `share`: gradients
+        start from zero at the `first` of an optimizer step and are summed and stepped after the `last`.
+        """
         self.decode_s = 0.0
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        if first:
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
         rounds = _Rounds(self)
         with remote_convs(self.model, self.plan.names, rounds), self.group.batchnorm(self.model):
-            scores = self.model(x)  # the forward rounds, one per coded convolution, and the layers between
+            with autocast(self.precision, x.device):
+                scores = self.model(x)  # the forward rounds, one per coded convolution, and the layers between
             loss = self.group.loss(scores, y)
-            loss.backward()  # the backward rounds, in the plan's order
+            (loss * share).backward()  # the backward rounds, in the plan's order
         rounds.finish()
-        value = self.group.sum_gradients(self.optimizers, float(loss.detach()))
-        for opt in self.optimizers:
-            opt.step()
+        value = self.group.sum_gradients(self.optimizers if last else [], float(loss.detach()))
+        if last:
+            for opt in self.optimizers:
+                opt.step()
         return value
 
     def timings(self) -> Dict[str, float]:
@@ -247,6 +271,7 @@ class CodedServer:
     def decode(self, coding: LayerCoding, replies: Dict[int, torch.Tensor], length: int) -> torch.Tensor:
         """Decode a layer's channels from the replies, timing it."""
         t0 = time.perf_counter()
+        replies = {j: r.float() for j, r in replies.items()}  # replies in train.precision, decoded in float32
         out = coding.decode(self.code, replies, axis=1, length=length)
         self.decode_s += time.perf_counter() - t0
         return out
@@ -271,7 +296,8 @@ class _Rounds:
     def forward(self, index: int, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
         self.expect(Command(Phase.FORWARD, index))
         coding = self.server.codings[index]
-        return self.server.decode(coding, self.exchange.forward(index, x.detach()), coding.out_channels)
+        x = x.detach().float()  # a layer before may have run in bf16: the workers (and the relay) take float32
+        return self.server.decode(coding, self.exchange.forward(index, x), coding.out_channels)
 
     def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:
         command = Command(Phase.BACKWARD, index)

@@ -21,6 +21,7 @@ from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.layers import code_of, layer_codings
 from psframework.schemes.coded.plan import Command, sample_shape
 from psframework.schemes.groups import part_size
+from psframework.schemes.recipe import compute_dtype
 from psframework.settings import Settings
 
 
@@ -80,7 +81,8 @@ def expected_server_bytes(settings: Settings, model: nn.Module, placement: Place
     Per coded convolution: the input to every worker (a whole tensor, or with relay one packet of its
     bits) and every worker's row-coded output; backward, the output gradient to every worker (a layer
     without a column copy: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
-    is counted, also those that come after the first k (they are received, then dropped).
+    is counted, also those that come after the first k (they are received, then dropped). Replies are
+    computed and sent in `train.precision` (2 bytes a value in bf16 and fp16); the rest in float32.
     """
     code = code_of(settings.code)
     n, batch = code.n, part_size(settings.data.batch_size, group, settings.run.servers)
@@ -97,4 +99,4 @@ def expected_server_bytes(settings: Settings, model: nn.Module, placement: Place
             received += n * batch * c.packet_channels(code, c.in_channels) * x[1] * x[2]
         else:
             sent += n * rows
-    return 4 * sent, 4 * received
+    return 4 * sent, compute_dtype(settings.optim.precision).itemsize * received

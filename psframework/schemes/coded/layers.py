@@ -119,16 +119,22 @@ def encode_layer(coding: LayerCoding, code: Code, weight: torch.Tensor, bias: Op
     return out
 
 
-def coded_forward(coding: LayerCoding, x: torch.Tensor, w: CodedWeights) -> torch.Tensor:
-    """Return conv(X, Wr_j) + br_j: packet j of the layer's output, coded along channels."""
-    return F.conv2d(x, w.row_weight, w.row_bias, *coding.conv_args())
+def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(dtype)
 
 
-def coded_input_grad(coding: LayerCoding, dy: torch.Tensor, w: CodedWeights, input_shape) -> torch.Tensor:
-    """Return conv2d_input(dY, Wc_j): packet j of the input gradient, coded along channels."""
+def coded_forward(coding: LayerCoding, x: torch.Tensor, w: CodedWeights,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Return conv(X, Wr_j) + br_j: packet j of the layer's output, coded along channels, computed in `dtype`."""
+    return F.conv2d(x.to(dtype), _cast(w.row_weight, dtype), _cast(w.row_bias, dtype), *coding.conv_args())
+
+
+def coded_input_grad(coding: LayerCoding, dy: torch.Tensor, w: CodedWeights, input_shape,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Return conv2d_input(dY, Wc_j): packet j of the input gradient, coded along channels, computed in `dtype`."""
     shape = list(input_shape)
     shape[1] = w.col_weight.shape[1]
-    return conv2d_input(shape, w.col_weight, dy, *coding.conv_args())
+    return conv2d_input(shape, w.col_weight.to(dtype), dy.to(dtype), *coding.conv_args())
 
 
 def weight_grad_pieces(coding: LayerCoding, code: Code, j: int, x: torch.Tensor, dy: torch.Tensor,

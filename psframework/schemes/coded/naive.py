@@ -8,7 +8,7 @@ the first layer's backward (which needs no input gradient) involves them not at 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from psframework.schemes.coded.plan import Command
 from psframework.schemes.coded.server import CodedServerBase, stepped_sync_bytes
 from psframework.schemes.coded.worker import CodedWorkerBase
 from psframework.schemes.common import conv_optimizer
+from psframework.schemes.recipe import compute_dtype
 from psframework.schemes.vectors import pack, unpack
 from psframework.settings import Settings
 
@@ -49,8 +50,8 @@ class NaiveServerSide(CodedServerBase):
             self.inputs[layer] = x
         else:
             grads = uncoded_weight_grads(coding, self.inputs.pop(layer), x, conv.weight.shape)
-            for p, g in zip(conv.parameters(), grads):
-                p.grad = g
+            for p, g in zip(conv.parameters(), grads):  # accumulated over an optimizer step's micro-batches
+                p.grad = g if p.grad is None else p.grad + g
         if not self.plan.sends(command):
             return Payloads(None)  # a layer that needs no input gradient needs nothing from the workers
         with torch.no_grad():
@@ -67,6 +68,10 @@ class NaiveWorkerSide(CodedWorkerBase):
 
     workers_update = False  # as the server's: this worker takes only the passes whose result rank 0 decodes
 
+    def __init__(self, settings: Settings, link: Any) -> None:
+        super().__init__(settings, link)
+        self.dtype = compute_dtype(settings.optim.precision)  # the replies' precision
+
     def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
         layer = command.layer
         flat = self.link.take(Msg.params(iteration, layer, phase=command.phase))  # always taken, even when skipped
@@ -76,10 +81,11 @@ class NaiveWorkerSide(CodedWorkerBase):
         if command.phase == Phase.FORWARD:
             row = torch.Size(coding.row_shape(self.code))
             parts = unpack(flat, [row, row[:1]] if coding.has_bias else [row])
-            return coded_forward(coding, x, CodedWeights(parts[0], parts[1] if coding.has_bias else None, None))
+            weights = CodedWeights(parts[0], parts[1] if coding.has_bias else None, None)
+            return coded_forward(coding, x, weights, self.dtype)
         weight = flat.reshape(coding.col_shape(self.code))
         input_shape = self.plan.shape(Command(Phase.FORWARD, layer), self.batch)
-        return coded_input_grad(coding, x, CodedWeights(None, None, weight), input_shape)
+        return coded_input_grad(coding, x, CodedWeights(None, None, weight), input_shape, self.dtype)
 
 
 def expected_sync_bytes(settings: Settings, model: nn.Module, placement: Placement) -> int:

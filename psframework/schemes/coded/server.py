@@ -55,7 +55,7 @@ class CodedServerBase(ServerSide):
         self.optimizers = self.server_optimizers() + self.conv_optimizers()
         self.exchange = MpiExchange(link, self.k, self.payloads)
         self.core = CodedServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
-                                self.group)
+                                self.group, settings.optim.precision)
 
     def server_optimizers(self) -> List[torch.optim.Optimizer]:
         """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""
@@ -79,7 +79,8 @@ class CodedServerBase(ServerSide):
     def step(self, step: Step) -> StepResult:
         self.exchange.begin(step.iteration)
         self.group.begin(len(step.indices))
-        loss = self.core.step(*self.problem.dataset.train.fetch(self.batch_indices(step)))
+        images, labels = self.problem.dataset.train_batch(self.batch_indices(step), step.epoch)
+        loss = self.core.step(images, labels, step.first, step.last, step.share)
         timings = {**self.exchange.timings(), **self.core.timings()}
         delays = {str(r): f for r, f in self.stragglers.factors(step.iteration).items() if f}
         return StepResult(loss, timings, {**self.link.iteration_fields(), **self.group.fields(),
@@ -118,6 +119,12 @@ class CodedServerSide(CodedServerBase):
 
     def readmission_state(self, index: int, iteration: int) -> Any:
         """Decode the current conv state from k live workers; return it uncoded (the worker encodes its packets)."""
+        accumulate = self.settings.optim.accumulate
+        if (iteration - 1) % accumulate:
+            # Readmissions wait for an optimizer step's start; only too few live workers bring one here.
+            raise RuntimeError(f"worker {index} rejoins at iteration {iteration}, inside an optimizer step of "
+                               f"train.accumulate={accumulate} micro-batches whose gradients it does not hold; "
+                               "resume from the last checkpoint")
         states = self.link.round(torch.zeros(1), Msg.snapshot(iteration), Msg.snapshot_reply(iteration), self.k,
                                  rotate=False)
         self.load_worker_states(states, verify=False)

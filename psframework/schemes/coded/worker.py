@@ -195,7 +195,7 @@ class CodedWorkerSide(CodedWorkerBase):
         if command.phase != Phase.BACKWARD:
             return
         self.worker.update(command.layer, x, coded=self.coded_packet(command),
-                           lr_factor=self.schedule.lr_factor(iteration))
+                           lr_factor=self.schedule.lr_factor(iteration), steps=self.schedule.steps(iteration))
         self.link.report.add("updates", 1)
 
     def spare_work(self, layer: int) -> bool:
