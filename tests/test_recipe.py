@@ -149,3 +149,17 @@ def test_every_scheme_trains_the_digits_in_bf16(tmp_path, scheme, ranks, extra):
                                     "train.weight_decay=0.0001", "train.nesterov=false", "train.lr=0.02", *extra])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_test_accuracy"] >= 0.95, summary["final_test_accuracy"]
+
+
+def test_a_crop_of_the_digits_keeps_their_accuracy_within_a_point(tmp_path):
+    """A sanity check of the augmentation, not a tuning target: 2 pixels of shift (digits are not mirror
+    images of themselves, so no flip) leave the 5-epoch accuracy within 0.01."""
+    config = os.path.join(ROOT, "configs", "digits_reference.yaml")
+    accuracy = {}
+    for augment in ("none", "crop-flip"):
+        args = ["train", config, f"name={augment}", f"output.dir={tmp_path}", "output.progress=off",
+                f"data.augment={augment}", "data.augment_padding=2", "data.augment_flip=0"]
+        assert main(args) == 0
+        accuracy[augment] = json.loads((tmp_path / augment / "summary.json").read_text())["final_test_accuracy"]
+    assert accuracy["none"] >= 0.95
+    assert abs(accuracy["crop-flip"] - accuracy["none"]) < 0.01, accuracy

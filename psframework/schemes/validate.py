@@ -60,6 +60,9 @@ def _check_precision(cfg: Config) -> None:
     """Check train.precision against the device: fp16 autocast and its loss scaler need a GPU."""
     if cfg.train.precision != "fp16":
         return
+    if get_scheme(cfg.scheme).mpi:
+        raise ConfigError(f"train.precision: got fp16 for scheme {cfg.scheme}, expected bf16 or fp32 (fp16's loss "
+                          "scaler runs in the single-process reference trainer only; bf16 needs no scaler)")
     import torch
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -74,12 +77,14 @@ def _check_augment(cfg: Config) -> None:
     d = cfg.data
     if d.augment == "none":
         return
+    from psframework.data import image_shape
     from psframework.schemes.common import input_shape
 
-    channels, height, width = input_shape(cfg)
+    channels, height, width = image_shape(d)  # as stored: a model's resize does not make images of them
     if min(height, width) < 2:
         raise ConfigError(f"data.augment: got {d.augment!r} for data.dataset {d.dataset!r}, whose samples are "
                           f"{channels}x{height}x{width}, expected images of at least 2x2 pixels (or augment: none)")
+    height, width = input_shape(cfg)[1:]
     if d.augment_padding >= min(height, width):
         raise ConfigError(f"data.augment_padding: got {d.augment_padding}, expected fewer pixels than the images' "
                           f"{height}x{width}")

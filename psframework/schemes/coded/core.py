@@ -303,7 +303,7 @@ class _Rounds:
         command = Command(Phase.BACKWARD, index)
         self.expect(command)
         want_reply = self.plan.wants_reply(command)
-        replies = self.exchange.backward(index, dy, want_reply)
+        replies = self.exchange.backward(index, dy.float(), want_reply)  # float32, as the forward's input
         if not want_reply:
             return None
         return self.server.decode(self.server.codings[index], replies, self.server.codings[index].in_channels)
