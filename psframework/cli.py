@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         train(settings, comm=comm)
     except Preempted as exc:
-        return _end_preempted(comm, rank, exc, settings.run.preempt_signal)
+        return _end_preempted(comm, rank, exc, settings.run.preempt_signal, settings.run.max_requeues)
     except RunEnds as exc:
         # Every rank agreed to end here: one line from rank 0, then a clean exit everywhere.
         if rank == 0:
@@ -98,13 +98,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _end_preempted(comm: object, rank: int, stopped: "Preempted", preempt_signal: str) -> int:
+def _end_preempted(comm: object, rank: int, stopped: "Preempted", preempt_signal: str, max_requeues: int) -> int:
     """Leave MPI after a preemption; rank 0 then says where the run stopped and asks Slurm to requeue it."""
     from psframework.runtime.preempt import EXIT_PREEMPTED, after_stop
 
     _end_cleanly(comm, EXIT_PREEMPTED)
     if rank == 0:
-        done = after_stop(stopped.signal_name, preempt_signal, os.environ)
+        done = after_stop(stopped.signal_name, preempt_signal, os.environ, max_requeues)
         print(f"psf: {stopped}: checkpoint {stopped.checkpoint}; {done}", file=sys.stderr, flush=True)
     return EXIT_PREEMPTED
 

@@ -133,9 +133,11 @@ class TrainConfig:
     eval_every: int = 0
     verify_every: int = 0
     checkpoint_every: int = 0
+    keep_checkpoints: Optional[int] = None  # the newest periodic checkpoints kept (null: all)
     resume: Optional[str] = None  # a checkpoint file, or "auto": the newest in the run directory, if any
     resume_force: bool = False
     preempt_signal: str = "USR2"  # checkpoint and stop at the next iteration on this signal (or SIGTERM); "none"
+    max_requeues: int = 3  # preemptions requeued (SLURM_RESTART_COUNT counts them); beyond: checkpoint and stop
     backup_workers: int = 0
     servers: int = 1  # server ranks G: each leads a group of code.n workers (rank 0 is the lead)
 
@@ -187,6 +189,7 @@ class OutputConfig:
     dir: str = "runs"
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     overwrite: bool = False
+    tensorboard: bool = False  # rank 0 writes the metrics as TensorBoard scalars to RUN_DIR/tensorboard
 
 
 @dataclass
@@ -346,8 +349,17 @@ def validate(cfg: Config) -> Config:
     _check_comm(cfg.comm)
     _check_model(cfg.model)
     _check_data(cfg.data)
+    _check_output(cfg.output)
     _check_bounds(cfg)
     return cfg
+
+
+def _check_output(o: OutputConfig) -> None:
+    import importlib.util
+
+    _require(not o.tensorboard or importlib.util.find_spec("tensorboard") is not None,
+             "output.tensorboard: true needs the tensorboard package, which is not installed; expected "
+             "pip install 'psframework[tensorboard]' (or output.tensorboard: false)")
 
 
 # Upper (and remaining lower) bounds of numbers: beyond them a value is a typo, not an experiment.
@@ -361,6 +373,7 @@ _BOUNDS = {
     "train.epochs": (1, 10**6), "train.max_iterations": (1, 10**9), "train.lr": (0.0, 1e3),
     "train.head_lr": (0.0, 1e3), "train.weight_decay": (0.0, 1.0), "train.seed": (0, SEED_MAX),
     "train.eval_every": (0, 10**9), "train.verify_every": (0, 10**9), "train.checkpoint_every": (0, 10**9),
+    "train.keep_checkpoints": (1, 10**9), "train.max_requeues": (0, 10**6),
     "train.servers": (1, 1024), "train.lr_step_epochs": (1, 10**6), "train.lr_div_factor": (1.0, 1e9),
     "train.lr_final_div_factor": (1.0, 1e12), "train.warmup": (0, 10**9), "train.accumulate": (1, 4096),
     "data.augment_padding": (0, 4096),

@@ -25,6 +25,69 @@ def metrics_rows(path: str) -> Iterator[Dict[str, Any]]:
                 yield row
 
 
+TENSORBOARD_DIR = "tensorboard"  # below the run directory: `tensorboard --logdir` of a sweep compares its points
+
+
+def scalar_tag(key: str) -> Optional[str]:
+    """Return the TensorBoard tag of a metrics field (None: not a scalar of its own)."""
+    named = {"loss": "train/loss", "lr": "train/lr", "test_accuracy": "test/accuracy", "test_loss": "test/loss",
+             "workers_live": "workers/live", "verify_max_rel_diff": "coded/verify_max_rel_diff"}
+    if key in named:
+        return named[key]
+    if key in ("iteration", "epoch", "batch"):
+        return None
+    if key.endswith("_s"):
+        return f"time/{key}"
+    if key.startswith("bytes_"):
+        return f"comm/{key}"
+    return f"other/{key}"
+
+
+def row_scalars(row: Dict[str, Any]) -> Dict[str, float]:
+    """Return the TensorBoard scalars of a metrics row: its numbers, and how many workers its rounds used."""
+    out = {}
+    for key, value in row.items():
+        tag = scalar_tag(key)
+        if tag is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[tag] = float(value)
+    used = row.get("used")
+    if isinstance(used, list):
+        ranks = {r for u in used for r in (u if isinstance(u, list) else [u])}
+        out["workers/used"] = float(len(ranks))
+    return out
+
+
+class TensorBoardSink:
+    """Write every metrics row, as it is written to metrics.jsonl, as scalars of one TensorBoard run.
+
+    The event files hold exactly the rows of metrics.jsonl: a run that starts (or resumes) removes the
+    earlier event files, and the recorder replays the rows it keeps before it writes new ones.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+        if os.path.isdir(self.log_dir):
+            for name in os.listdir(self.log_dir):
+                if name.startswith("events.out.tfevents."):
+                    os.remove(os.path.join(self.log_dir, name))
+        self.writer = SummaryWriter(self.log_dir, flush_secs=10)  # a run is watched while it trains
+
+    def write(self, row: Dict[str, Any]) -> None:
+        """Add a row's scalars at its iteration."""
+        for tag, value in row_scalars(row).items():
+            self.writer.add_scalar(tag, value, global_step=row["iteration"])
+
+    def flush(self) -> None:
+        """Write what is buffered to the event file."""
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self.writer.close()
+
+
 class RunRecorder:
     """Stream one JSON object per iteration to the run directory; keep only running sums in memory.
 
@@ -34,9 +97,11 @@ class RunRecorder:
     directory (a server other than the lead) it writes nothing and keeps the running sums.
     """
 
-    def __init__(self, run_dir: Optional[str], config_yaml: str, keep_until: Optional[int] = None):
+    def __init__(self, run_dir: Optional[str], config_yaml: str, keep_until: Optional[int] = None,
+                 tensorboard: bool = False):
         self.run_dir = run_dir
         self._pending: Optional[Dict[str, Any]] = None
+        self._board: Optional[TensorBoardSink] = None
         self._sums: Dict[str, List[float]] = {}  # key -> [sum, count, first value]
         self.start = time.perf_counter()
         self._fh: Optional[TextIO] = None
@@ -48,6 +113,8 @@ class RunRecorder:
         self._partial_path = self.metrics_path + ".partial"
         earlier = self._set_aside_earlier_rows() if keep_until is not None else None
         self._fh = open(self._partial_path, "w", encoding="utf-8")
+        if tensorboard:
+            self._board = TensorBoardSink(run_dir)
         if earlier is not None:
             self._copy_rows(earlier, keep_until)
 
@@ -65,9 +132,16 @@ class RunRecorder:
         assert self._fh is not None
         for row in metrics_rows(path):
             if row["iteration"] <= keep_until:
-                self._fh.write(json.dumps(row) + "\n")
+                self._write(row)
         self._fh.flush()
         os.unlink(path)
+
+    def _write(self, row: Dict[str, Any]) -> None:
+        """Write a row to metrics.jsonl (and to TensorBoard)."""
+        assert self._fh is not None, "recorder already closed"
+        self._fh.write(json.dumps(row, sort_keys=False) + "\n")
+        if self._board is not None:
+            self._board.write(row)
 
     def elapsed(self) -> float:
         """Return seconds since the recorder was created."""
@@ -85,8 +159,7 @@ class RunRecorder:
 
     def _flush_pending(self) -> None:
         if self._pending is not None and self.run_dir is not None:
-            assert self._fh is not None, "recorder already closed"
-            self._fh.write(json.dumps(self._pending, sort_keys=False) + "\n")
+            self._write(self._pending)
             self._fh.flush()
             self._pending = None
 
@@ -104,6 +177,9 @@ class RunRecorder:
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
+        if self._board is not None:
+            self._board.close()
+            self._board = None
 
     def finish(self, summary: Dict[str, Any]) -> Dict[str, Any]:
         """Complete metrics.jsonl and write summary.json atomically; return the summary."""

@@ -82,6 +82,9 @@ class RunSettings:
     overwrite: bool = False  # replace a run directory that already holds a run
     preempt_signal: str = "USR2"  # the signal that makes the run checkpoint and stop ("none": SIGTERM only)
     servers: int = 1  # server ranks G, each leading a group of code.n workers
+    keep_checkpoints: Optional[int] = None  # the newest periodic checkpoints kept (None: all)
+    max_requeues: int = 3  # how often a preempted Slurm job is requeued
+    tensorboard: bool = False  # the lead server writes the metrics rows as TensorBoard scalars
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ def build_settings(cfg: Config, code: Optional[str]) -> Settings:
     t, c = cfg.train, cfg.comm
     run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
-                      cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers)
+                      cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers,
+                      t.keep_checkpoints, t.max_requeues, cfg.output.tensorboard)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
                                   c.progress_thread, c.emulate.ranks)

@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from psframework.cliparse import Parser
 from psframework.errors import ConfigError
@@ -98,14 +98,16 @@ def run_locally(index: str, sweep: Sweep, todo: List[int]) -> int:
 
 
 def submit(index: str, sweep: Sweep, todo: List[int], template: str, sbatch_args: List[str],
-           dry_run: bool) -> int:
-    """Submit one Slurm job array whose task i runs point i; return sbatch's status."""
+           dry_run: bool, max_parallel: Optional[int] = None) -> int:
+    """Submit one Slurm job array whose task i runs point i, at most `max_parallel` tasks at once (None: as many
+    as Slurm runs); return sbatch's status."""
     if not os.path.isfile(template):
         raise ConfigError(f"psf sweep: --template: {template!r} is not a file, expected an sbatch script such as "
                           f"{DEFAULT_TEMPLATE}")
     sweep_dir = os.path.dirname(index)
     tasks = max(sweep.points[i].world_size for i in todo)
-    argv = ["sbatch", f"--array={','.join(map(str, todo))}", f"--ntasks={tasks}",
+    throttle = "" if max_parallel is None else f"%{max_parallel}"
+    argv = ["sbatch", f"--array={','.join(map(str, todo))}{throttle}", f"--ntasks={tasks}",
             f"--job-name=psf-{sweep.sweep}", f"--output={os.path.join(sweep_dir, 'slurm-%A_%a.out')}",
             *sbatch_args, template, index]
     if dry_run:
@@ -137,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", default=DEFAULT_TEMPLATE, help=f"sbatch script (default {DEFAULT_TEMPLATE})")
     p.add_argument("--sbatch", action="append", default=[], metavar="ARG", help="extra sbatch argument, "
                    "repeatable (e.g. --sbatch=--partition=cpu)")
+    p.add_argument("--max-parallel", type=int, default=None, metavar="P", help="--slurm: run at most P tasks of "
+                   "the array at once (sbatch --array=...%%P), so the sweep does not take the whole partition")
     p.add_argument("--dry-run", action="store_true", help="write the index and print what would run")
     return p
 
@@ -149,6 +153,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         if args.repeat < 1:
             raise ConfigError(f"psf sweep: --repeat: got {args.repeat}, expected a positive number of runs")
+        if args.max_parallel is not None and args.max_parallel < 1:
+            raise ConfigError(f"psf sweep: --max-parallel: got {args.max_parallel}, expected a positive number of "
+                              "array tasks at once")
         name = args.name or f"{load_run(args.config, args.overrides + extra).name}-sweep"
         sweep = plan_sweep(args.config, args.overrides + extra, parse_grid(args.grid), args.repeat, name)
         sweep_dir = os.path.join(args.out, name)
@@ -159,7 +166,7 @@ def main(argv: Sequence[str]) -> int:
         if not todo:
             return 0
         if args.slurm:
-            return submit(index, sweep, todo, args.template, args.sbatch, args.dry_run)
+            return submit(index, sweep, todo, args.template, args.sbatch, args.dry_run, args.max_parallel)
         if args.dry_run:
             print("\n".join(f"PSF_SWEEP_POINT={i} psf train {index}" for i in todo))
             return 0

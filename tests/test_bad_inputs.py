@@ -73,6 +73,12 @@ ROWS: Dict[str, Row] = {
     "optimizer rmsprop": train("train.optimizer=rmsprop", phrase="train.optimizer: got 'rmsprop'"),
     "head optimizer rmsprop": train("train.head_optimizer=rmsprop", phrase="train.head_optimizer: got 'rmsprop'"),
     "schedule typo": train("train.lr_schedule=cosin", phrase="did you mean 'cosine'"),
+    # ---- outputs and requeues
+    "keep checkpoints 0": train("train.keep_checkpoints=0",
+                                phrase="train.keep_checkpoints: got 0, expected 1..1000000000"),
+    "max requeues -1": train("train.max_requeues=-1", phrase="train.max_requeues: got -1, expected 0..1000000"),
+    "sweep max parallel 0": Row(("sweep", "{sazd}", "--slurm", "--dry-run", "--out", "{out}", "--max-parallel", "0"),
+                                "psf sweep: --max-parallel: got 0, expected a positive number of array tasks"),
     # ---- the training recipe
     "milestones not increasing": train("train.lr_schedule=multistep", "train.lr_milestones=[3, 2]",
                                        phrase="train.lr_milestones: got [3, 2], expected increasing epochs >= 1"),

@@ -14,7 +14,8 @@ import torch
 
 from mpiutil import ROOT, describe, mpi_command, run_psf
 from psframework.cli import main
-from psframework.runtime.preempt import EXIT_PREEMPTED, after_stop, signal_number, slurm_job_to_requeue
+from psframework.runtime.preempt import (EXIT_PREEMPTED, REQUEUE_REQUEST, after_stop, signal_number,
+                                         slurm_job_to_requeue)
 
 
 def rank_pids(root_pid: int) -> list:
@@ -158,3 +159,16 @@ def test_signal_names_and_what_happens_after_a_stop():
     assert "not requeued" in after_stop("TERM", "USR2", {"SLURM_JOB_ID": "7"})
     assert "not requeued" in after_stop("USR2", "none", {"SLURM_JOB_ID": "7"})
     assert "PSF_REQUEUE=0" in after_stop("USR2", "SIGUSR2", {"SLURM_JOB_ID": "7", "PSF_REQUEUE": "0"})
+
+
+def test_a_job_is_requeued_at_most_max_requeues_times(tmp_path):
+    request = tmp_path / "requeue"  # the launcher's request file: nothing is sent to a real Slurm here
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "2", REQUEUE_REQUEST: str(request)}
+    stop = after_stop("USR2", "USR2", env, max_requeues=2)
+    assert stop == ("job 7 was requeued 2 times already, the most train.max_requeues=2 allows: not requeued; "
+                    "submit it again with train.resume=auto to go on")
+    assert not request.exists()
+    again = after_stop("USR2", "USR2", {**env, "SLURM_RESTART_COUNT": "1"}, max_requeues=2)
+    assert again == "Slurm job 7 is requeued once every rank has exited (by psframework.launch)"
+    assert request.read_text() == "7"
+    assert "not requeued" in after_stop("USR2", "USR2", {**env, "SLURM_RESTART_COUNT": "0"}, max_requeues=0)

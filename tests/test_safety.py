@@ -216,3 +216,38 @@ def test_model_info_and_check_need_neither_the_dataset_nor_a_gpu(capsys):
     assert main(["check", mnist, "device=cuda", "data.root=/no/such/directory"]) == 0
     assert main(["check", "--machine", mnist, "data.root=/no/such/directory"]) == 2
     assert "data.root: directory '/no/such/directory' does not exist" in capsys.readouterr().err
+
+
+def test_keep_checkpoints_leaves_the_newest_periodic_ones_and_the_latest(tmp_path):
+    assert train(tmp_path, "kept", "train.max_iterations=12", "train.checkpoint_every=2",
+                 "train.keep_checkpoints=2") == 0
+    names = sorted(p.name for p in (tmp_path / "kept").glob("checkpoint*.pt"))
+    assert names == ["checkpoint-10.pt", "checkpoint-12.pt", "checkpoint.pt"]
+
+
+def test_a_kill_during_checkpoints_always_leaves_a_loadable_one(tmp_path):
+    """SIGKILL at moments spread over a run that checkpoints every iteration and keeps one periodic checkpoint:
+    a loadable checkpoint is always on disk (each is written under a temporary name, then renamed, and
+    the older one removed only after)."""
+    from psframework.schemes.checkpoint import read_checkpoint
+
+    argv = [sys.executable, "-m", "psframework", "train", DIGITS, f"output.dir={tmp_path}", "output.progress=off",
+            "train.checkpoint_every=1", "train.keep_checkpoints=1", "train.epochs=50"]
+    for attempt, delay in enumerate((3.0, 3.4, 3.8, 4.3)):
+        proc = subprocess.Popen([*argv, f"name=killed{attempt}"], cwd=ROOT)
+        run_dir = tmp_path / f"killed{attempt}"
+        deadline = time.monotonic() + 60
+        while not (run_dir / "checkpoint.pt").exists():  # training has begun
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not checkpoint"
+            time.sleep(0.02)
+        time.sleep(delay - 3.0)
+        proc.kill()
+        proc.wait()
+        loadable = []
+        for path in sorted(run_dir.glob("checkpoint*.pt")):
+            try:
+                loadable.append(read_checkpoint(str(path)).iteration)
+            except Exception:
+                pass
+        assert loadable, sorted(p.name for p in run_dir.iterdir())
+        assert len(list(run_dir.glob("checkpoint-*.pt"))) <= 2  # the newest, and at most one being replaced

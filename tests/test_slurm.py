@@ -57,7 +57,7 @@ def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uni
     and every requeued run trains again within 60 s of its requeue (Slurm lets a requeued job start
     after its credential lifetime, at its next scheduling pass: 10 s and every 2 s in hpc/slurm-up.sh;
     the test prints the times); the result is bit for bit the uninterrupted run's."""
-    args = ["configs/digits_ps.yaml", "train.epochs=4", "output.progress=lines"]
+    args = ["configs/digits_ps.yaml", "train.epochs=4", "output.progress=lines", f"train.max_requeues={REQUEUES}"]
     whole = run_psf(5, ["train", *args, f"output.dir={tmp_path}", "name=whole"], timeout=200)
     assert whole.returncode == 0, describe(whole)
     job = sbatch([f"--output={tmp_path}/psf-%j.out", TEMPLATE, *args, f"output.dir={tmp_path}", "name=cut"],
@@ -96,6 +96,34 @@ def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uni
     assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
 
 
+@pytest.mark.timeout(600)
+def test_a_job_preempted_once_more_than_max_requeues_allows_checkpoints_and_stops_with_its_line(tmp_path):
+    """train.max_requeues: 1 and two preemptions: the first is requeued, the second checkpoints and stops."""
+    args = ["configs/digits_ps.yaml", "train.epochs=20", "output.progress=lines", "train.max_requeues=1",
+            f"output.dir={tmp_path}", "name=bounded"]
+    job = sbatch([f"--output={tmp_path}/psf-%j.out", TEMPLATE, *args], job_environment())
+    partial, out = tmp_path / "bounded" / "metrics.jsonl.partial", tmp_path / f"psf-{job}.out"
+    trained = 0
+    for cut in range(2):
+        deadline = time.monotonic() + (200 if cut == 0 else 90)
+        while count_lines(partial) < trained + 10:
+            log = out.read_text() if out.exists() else ""
+            assert time.monotonic() < deadline, f"run {cut + 1} did not train: {log}"
+            time.sleep(0.05)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+        while out.read_text().count("psf: preempted by SIGUSR2") < cut + 1:
+            assert time.monotonic() < deadline + 120, f"no stop after preemption {cut + 1}: {out.read_text()}"
+            time.sleep(0.05)
+        trained = count_lines(partial)
+    record, = wait_for(job, 200)
+    log = out.read_text()
+    assert record["Restarts"] == "1", log
+    assert log.count("psf: requeued Slurm job") == 1, log
+    assert (f"job {job} was requeued 1 times already, the most train.max_requeues=1 allows: not requeued; "
+            "submit it again with train.resume=auto to go on") in log, log
+    assert (tmp_path / "bounded" / "checkpoint.pt").exists() and "psf: done:" not in log
+
+
 def png_size(path) -> tuple:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
@@ -108,10 +136,12 @@ def test_a_sweep_runs_as_one_job_array_and_the_report_plots_it(tmp_path):
     argv = [sys.executable, "-m", "psframework", "sweep", "configs/digits_sazd.yaml", "--grid", "code.k=2,3",
             "stragglers.factor=1,4", "--slurm", "--out", str(tmp_path), "train.epochs=1", "stragglers.model=fixed",
             "stragglers.ranks=[2]",
-            "output.progress=lines"]
+            "output.progress=lines", "--max-parallel", "2"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, describe(done)
     job = done.stdout.split("submitted job array ")[1].split()[0]
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    assert "ArrayTaskThrottle=2" in shown and "%2" in shown, shown
     records = wait_for(job, 540, done=4)
     sweep = tmp_path / "digits_sazd-sweep"
     logs = "".join(p.read_text() for p in sweep.glob("slurm-*.out"))

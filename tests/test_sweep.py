@@ -62,6 +62,9 @@ def test_a_slurm_sweep_submits_one_array_with_the_largest_task_count(tmp_path, c
     index = tmp_path / "digits_sazd-sweep" / "sweep.json"
     assert command[:4] == ["sbatch", "--array=0,1", "--ntasks=6", "--job-name=psf-digits_sazd-sweep"]
     assert command[-3:] == ["--partition=cpu", os.path.join("jobs", "single-node.sbatch"), str(index)]
+    assert main(["sweep", SAZD, "--grid", "code.n=3,5", "code.k=2", "--slurm", "--dry-run", "--out", str(tmp_path),
+                 "--max-parallel", "1"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].split()[1] == "--array=0,1%1"
 
 
 def test_a_sweep_index_runs_the_point_its_task_names(tmp_path):

@@ -324,10 +324,11 @@ class MPIServerLink:
         self.clock = RoundClock(sent0=stats.sent_bytes, received0=stats.received_bytes)
 
     def iteration_fields(self) -> Dict[str, Any]:
-        """Return the current iteration's bytes and the workers each round used."""
+        """Return the current iteration's bytes, the workers each round used and how many are attached."""
         stats = self.transport.stats
         return {"bytes_sent": stats.sent_bytes - self.clock.sent0,
-                "bytes_received": stats.received_bytes - self.clock.received0, "used": list(self.clock.used)}
+                "bytes_received": stats.received_bytes - self.clock.received0, "used": list(self.clock.used),
+                "workers_live": len(self.live)}
 
     def expect(self, reply: Envelope, ranks: Optional[Sequence[int]] = None) -> Any:
         """Pre-post the receives of a round's replies (before sending, so that none waits unmatched)."""

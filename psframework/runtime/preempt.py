@@ -105,8 +105,15 @@ def slurm_job_to_requeue(env: Mapping[str, str]) -> Optional[str]:
     return env.get("SLURM_JOB_ID") or None
 
 
-def after_stop(caught: str, preempt_signal: str, env: Mapping[str, str]) -> str:
-    """Requeue the job if the preemption signal stopped it; return what happened, in words.
+def restart_count(env: Mapping[str, str]) -> int:
+    """Return how often Slurm has requeued this job (SLURM_RESTART_COUNT; 0 outside Slurm or when unreadable)."""
+    value = env.get("SLURM_RESTART_COUNT", "0").strip()
+    return int(value) if value.isdigit() else 0
+
+
+def after_stop(caught: str, preempt_signal: str, env: Mapping[str, str], max_requeues: Optional[int] = None) -> str:
+    """Requeue the job if the preemption signal stopped it, at most `max_requeues` times (None: always); return
+    what happened, in words.
 
     SIGTERM alone (scancel, or a time limit reached without --signal) stops with a checkpoint but is
     not requeued: a cancelled job must stay cancelled, and Slurm requeues the jobs it preempts itself.
@@ -114,10 +121,10 @@ def after_stop(caught: str, preempt_signal: str, env: Mapping[str, str]) -> str:
     if preempt_signal.lower() == "none" or signal_number(caught) != signal_number(preempt_signal):
         return f"SIG{caught} is not train.preempt_signal ({preempt_signal}): not requeued; run it again with " \
                "train.resume=auto to go on"
-    return requeue(env)
+    return requeue(env, max_requeues)
 
 
-def requeue(env: Mapping[str, str]) -> str:
+def requeue(env: Mapping[str, str], max_requeues: Optional[int] = None) -> str:
     """Ask Slurm to requeue this job (it runs again and resumes); return what happened, in words.
 
     Under psframework.launch (REQUEUE_REQUEST set, on the node the launcher runs on) the request is
@@ -129,6 +136,10 @@ def requeue(env: Mapping[str, str]) -> str:
         return "not a Slurm job: run it again with train.resume=auto to go on"
     if env.get("PSF_REQUEUE", "1") == "0":
         return f"PSF_REQUEUE=0: job {job} is not requeued; submit it again with train.resume=auto to go on"
+    restarts = restart_count(env)
+    if max_requeues is not None and restarts >= max_requeues:
+        return (f"job {job} was requeued {restarts} times already, the most train.max_requeues={max_requeues} "
+                "allows: not requeued; submit it again with train.resume=auto to go on")
     request = env.get(REQUEUE_REQUEST)
     if request and os.path.isdir(os.path.dirname(request)):
         atomic_write_text(request, job)

@@ -238,7 +238,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     if side.link is not None:
         side.link.await_workers(schedule.start)
     recorder = RunRecorder(run.run_dir if side.lead else None, settings.config_yaml,
-                           schedule.start if opening.in_place else None)
+                           schedule.start if opening.in_place else None, run.tensorboard and side.lead)
     progress = Progress(schedule.total - schedule.start, run.progress if side.lead else "off")
     if opening.forced:
         print(f"psf: warning: resuming from {opening.checkpoint.path} although its settings differ "
@@ -254,8 +254,9 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         if side.link is not None:
             # A worker rejoins where an optimizer step starts: no accumulated gradient is missing from its state.
             side.link.start_iteration(step.iteration, side.readmission_state, readmit=step.first)
-        scale_lr(side.optimizers, schedule.lr_factor(step.iteration))
-        loss = train_step(side, step, recorder)
+        factor = schedule.lr_factor(step.iteration)
+        scale_lr(side.optimizers, factor)
+        loss = train_step(side, step, recorder, settings.optim.lr * factor)
         extra = after_step(settings, side, schedule, step.iteration, recorder, final)
         progress.update(step.iteration - schedule.start, step.epoch, loss, extra)
         if step.last and side.group.stop and step.iteration < schedule.total:
@@ -302,12 +303,12 @@ def stop_early(settings: Settings, side: ServerSide, schedule: Schedule, iterati
     raise Preempted(iteration, schedule.total, name, os.path.join(settings.run.run_dir, "checkpoint.pt"))
 
 
-def train_step(side: ServerSide, step: Step, recorder: RunRecorder) -> float:
-    """Run one step, time it and log its metrics row; return the loss."""
+def train_step(side: ServerSide, step: Step, recorder: RunRecorder, lr: float) -> float:
+    """Run one step, time it and log its metrics row (with the iteration's learning rate `lr`); return the loss."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = side.step(step)
     iteration_s = time.perf_counter() - t0
-    row = {"iteration": step.iteration, "epoch": step.epoch, "batch": step.batch, "loss": result.loss,
+    row = {"iteration": step.iteration, "epoch": step.epoch, "batch": step.batch, "loss": result.loss, "lr": lr,
            "iteration_s": iteration_s, "cpu_s": time.process_time() - cpu0, "wall_s": recorder.elapsed(),
            **result.timings}
     if result.timings:
@@ -339,7 +340,8 @@ def after_step(settings: Settings, side: ServerSide, schedule: Schedule, iterati
 
 
 def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, iteration: int) -> None:
-    """Write checkpoint.pt (the latest) and, at every `train.checkpoint_every`, checkpoint-ITERATION.pt."""
+    """Write checkpoint.pt (the latest) and, at every `train.checkpoint_every`, checkpoint-ITERATION.pt; keep the
+    newest `train.keep_checkpoints` of those."""
     state = side.state_dict()
     run_dir = settings.run.run_dir
     num_train = len(side.problem.dataset.train)
@@ -349,6 +351,25 @@ def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, 
         names.append(f"checkpoint-{iteration}.pt")
     for name in names:
         save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings, coded)
+    if settings.run.keep_checkpoints:
+        prune_checkpoints(run_dir, settings.run.keep_checkpoints)
+
+
+def prune_checkpoints(run_dir: str, keep: int) -> None:
+    """Delete all but the newest `keep` periodic checkpoints; called once the newest is whole on disk (each is
+    written to a temporary name and renamed), so a kill at any moment leaves a loadable one."""
+    for iteration in periodic_checkpoints(run_dir)[:-keep]:
+        try:
+            os.remove(os.path.join(run_dir, f"checkpoint-{iteration}.pt"))
+        except FileNotFoundError:
+            pass  # removed already (a second pruning of the same run directory)
+
+
+def periodic_checkpoints(run_dir: str) -> List[int]:
+    """Return the iterations of the run directory's checkpoint-ITERATION.pt files, oldest first."""
+    found = [name[len("checkpoint-"):-len(".pt")] for name in os.listdir(run_dir)
+             if name.startswith("checkpoint-") and name.endswith(".pt")]
+    return sorted(int(n) for n in found if n.isdigit())
 
 
 def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, recorder: RunRecorder,

@@ -1,0 +1,70 @@
+"""Watching a run: TensorBoard scalars written from the metrics rows, across a preemption and its resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mpiutil import describe, run_psf
+from test_preempt import interrupt
+from psframework.metrics import row_scalars, scalar_tag
+from psframework.runtime.preempt import EXIT_PREEMPTED
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def board_scalars(log_dir) -> dict:
+    """Return {tag: [(step, value), ...]} of every event file below `log_dir`, read back with TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    board.Reload()
+    return {tag: [(e.step, e.value) for e in board.Scalars(tag)] for tag in board.Tags()["scalars"]}
+
+
+def test_the_tags_of_a_row_name_what_they_hold():
+    row = {"iteration": 3, "epoch": 0, "batch": 2, "loss": 1.5, "lr": 0.1, "iteration_s": 0.02, "bytes_sent": 10,
+           "used": [[1, 2, 3], [2, 3, 4]], "test_accuracy": 0.9, "straggler_delays": {}, "workers_live": 4}
+    assert row_scalars(row) == {"train/loss": 1.5, "train/lr": 0.1, "time/iteration_s": 0.02,
+                                "comm/bytes_sent": 10.0, "test/accuracy": 0.9, "workers/live": 4.0,
+                                "workers/used": 4.0}
+    assert scalar_tag("iteration") is None and scalar_tag("decode_s") == "time/decode_s"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_tensorboard_holds_every_loss_of_the_metrics_across_a_resume(tmp_path):
+    args = [os.path.join("configs", "digits_sazd.yaml"), "train.epochs=2", f"output.dir={tmp_path}",
+            "output.progress=off", "output.tensorboard=true", "name=watched"]
+    run_dir = tmp_path / "watched"
+    status, err = interrupt(5, args, run_dir / "metrics.jsonl.partial", 30)
+    assert status == EXIT_PREEMPTED, err
+    first = board_scalars(run_dir / "tensorboard")["train/loss"]
+    assert first and [s for s, _ in first] == list(range(1, len(first) + 1))
+    resumed = run_psf(5, ["train", *args, "train.resume=auto"], timeout=200)
+    assert resumed.returncode == 0, describe(resumed)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scalars = board_scalars(run_dir / "tensorboard")
+    steps = [s for s, _ in scalars["train/loss"]]
+    assert steps == [r["iteration"] for r in rows] == list(range(1, 89))  # every step once: no duplicates
+    assert np.array_equal(np.float32([v for _, v in scalars["train/loss"]]), np.float32([r["loss"] for r in rows]))
+    assert [s for s, _ in scalars["test/accuracy"]] == [r["iteration"] for r in rows if "test_accuracy" in r]
+    assert {"train/lr", "time/iteration_s", "time/wait_s", "time/decode_s", "comm/bytes_sent", "workers/used",
+            "workers/live"} <= set(scalars)
+
+
+def test_tensorboard_without_its_package_is_one_line(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from psframework.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    assert main(["train", os.path.join(ROOT, "configs", "digits_reference.yaml"), f"output.dir={tmp_path}",
+                 "output.tensorboard=true"]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert line == ("psf: error: output.tensorboard: true needs the tensorboard package, which is not installed; "
+                    "expected pip install 'psframework[tensorboard]' (or output.tensorboard: false)")
