@@ -9,7 +9,8 @@ A factory returns (train, test) or (train, test, num_classes). Each split is eit
 tensors or arrays (images (N, C, H, W), labels (N,)), held in memory, or a map-style Dataset whose
 items are (image (C, H, W), label); a Dataset is read batch by batch in the order the run's plan
 fixes (a pure function of data.seed and the epoch), and a data-parallel worker reads only its own
-shard. Normalise the images in the Dataset: psframework does not standardise custom data.
+shard. Normalise the images in the Dataset, or set data.normalize (auto: by the training set's
+per-channel statistics); psframework does not standardise a factory's data by default.
 """
 
 from __future__ import annotations

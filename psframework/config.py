@@ -127,6 +127,11 @@ class TrainConfig:
     label_smoothing: float = 0.0
     accumulate: int = 1  # micro-batches of data.batch_size samples per optimizer step
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # Dynamic loss scaling (auto: with fp16): the loss times 2**loss_scale_power at first, halved at every
+    # step whose gradients overflow (the step is skipped), doubled after loss_scale_window steps without.
+    loss_scale: Literal["auto", "dynamic", "none"] = "auto"
+    loss_scale_power: int = 16
+    loss_scale_window: int = 2000
     head_optimizer: Optional[Literal["sgd", "adam"]] = None
     head_lr: Optional[float] = None
     seed: int = 0
@@ -376,6 +381,7 @@ _BOUNDS = {
     "train.keep_checkpoints": (1, 10**9), "train.max_requeues": (0, 10**6),
     "train.servers": (1, 1024), "train.lr_step_epochs": (1, 10**6), "train.lr_div_factor": (1.0, 1e9),
     "train.lr_final_div_factor": (1.0, 1e12), "train.warmup": (0, 10**9), "train.accumulate": (1, 4096),
+    "train.loss_scale_power": (0, 127), "train.loss_scale_window": (1, 10**9),
     "data.augment_padding": (0, 4096),
     "code.n": (1, 1024), "code.k": (1, 1024), "code.symbol_channels": (1, 65_536),
     "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),

@@ -61,6 +61,9 @@ class OptimSettings:
     label_smoothing: float = 0.0
     accumulate: int = 1  # micro-batches (iterations) per optimizer step
     precision: str = "fp32"  # fp32, bf16 or fp16: autocast of the layers each rank runs
+    loss_scale: str = "none"  # dynamic or none (train.loss_scale auto resolved: dynamic with fp16)
+    loss_scale_power: int = 16  # the first scale is 2 ** this
+    loss_scale_window: int = 2000  # steps without overflow before the scale doubles
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,13 @@ def straggler_spec(cfg: Config) -> StragglerSpec:
         raise ConfigError(str(exc)) from None
 
 
+def loss_scale_of(t: Any) -> str:
+    """Return the loss scaling of a `train` section: dynamic or none (auto: dynamic exactly with fp16)."""
+    if t.loss_scale == "auto":
+        return "dynamic" if t.precision == "fp16" else "none"
+    return t.loss_scale
+
+
 def build_settings(cfg: Config, code: Optional[str]) -> Settings:
     """Turn a validated Config into Settings; `code` is its scheme's code kind (None: no code)."""
     t, c = cfg.train, cfg.comm
@@ -137,6 +147,7 @@ def build_settings(cfg: Config, code: Optional[str]) -> Settings:
                                 t.lr_div_factor, t.lr_final_div_factor, t.warmup, t.warmup_unit,
                                 t.warmup_start_factor)
     optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
-                          schedule, t.seed, t.label_smoothing, t.accumulate, t.precision)
+                          schedule, t.seed, t.label_smoothing, t.accumulate, t.precision, loss_scale_of(t),
+                          t.loss_scale_power, t.loss_scale_window)
     return Settings(run, code_settings(cfg, code), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
                     cfg.device, cfg.to_dict())

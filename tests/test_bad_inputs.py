@@ -112,7 +112,10 @@ ROWS: Dict[str, Row] = {
                                       phrase="train.label_smoothing: got -0.1, expected 0 <= x < 1"),
     "precision fp16 on the cpu": train("train.precision=fp16",
                                        phrase="train.precision: got fp16 with device 'cpu', expected bf16 or fp32"),
-    "precision fp16 under mpi": sazd("train.precision=fp16", phrase="train.precision: got fp16 for scheme sazd"),
+    "precision fp16 under mpi": sazd("train.precision=fp16", phrase="train.precision: got fp16 with device 'cpu'"),
+    "loss scale power 128": train("train.loss_scale_power=128", phrase="train.loss_scale_power: got 128, expected "
+                                  "0..127"),
+    "loss scale typo": train("train.loss_scale=dynamc", phrase="did you mean 'dynamic'"),
     "precision typo": train("train.precision=bf61", phrase="train.precision: got 'bf61', expected one of fp32"),
     "augment a non-image": train("data.augment=crop-flip", "data.dataset=synthetic", "data.synthetic.height=1",
                                  "data.synthetic.width=16", "model.name=resnet20",

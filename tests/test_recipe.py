@@ -163,3 +163,49 @@ def test_a_crop_of_the_digits_keeps_their_accuracy_within_a_point(tmp_path):
         accuracy[augment] = json.loads((tmp_path / augment / "summary.json").read_text())["final_test_accuracy"]
     assert accuracy["none"] >= 0.95
     assert abs(accuracy["crop-flip"] - accuracy["none"]) < 0.01, accuracy
+
+
+# Loss scaling: a sample whose loss overflows makes its optimizer step skipped by every rank, the scale
+# halved, and then doubled every 3 steps; the run is the reference's (which skips the same step).
+OVERFLOW = [f"data.dataset={os.path.join(ROOT, 'tests', 'overflowing_data.py')}:with_an_overflow",
+            "model.name=lenet5", "model.batch_norm=false", "train.max_iterations=16", "train.loss_scale=dynamic",
+            "train.loss_scale_power=8", "train.loss_scale_window=3", "data.batch_size=32"]
+SCALED = {**SCHEMES, "stanza 2 servers": (8, ["scheme=stanza", "train.servers=2", "code.n=3"]),
+          "ps 2 servers": (8, ["scheme=ps", "train.servers=2", "code.n=3"])}
+
+
+@pytest.fixture(scope="module")
+def overflow_reference(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("ref"), 1, ["scheme=reference", *OVERFLOW], "ref")
+
+
+def skipped_step(run_dir):
+    """Return the iteration whose batch holds the overflowing sample, and the run's final loss scale."""
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["state"]["loss_scale"]
+    losses = [r["loss"] for r in rows(run_dir)]
+    return [i + 1 for i, x in enumerate(losses) if not np.isfinite(x)], state
+
+
+def test_the_reference_skips_the_overflowing_step_and_rescales(overflow_reference):
+    skipped, state = skipped_step(overflow_reference)
+    assert len(skipped) == 1
+    # 2^8, halved once, doubled every 3 steps taken since: 15 steps taken, the last change at the 3rd after the skip
+    taken_after = 16 - skipped[0]
+    assert state["scale"] == 2.0 ** (8 - 1 + taken_after // 3 + (skipped[0] - 1) // 3)
+    model = torch.load(overflow_reference / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(t).all() for t in model.values())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("scheme", list(SCALED))
+def test_every_rank_skips_the_overflowing_step(tmp_path, overflow_reference, scheme):
+    ranks, overrides = SCALED[scheme]
+    overrides = [o for o in overrides if o != "comm.dissemination=relay"]
+    run_dir = run(tmp_path, ranks, [*OVERFLOW, *overrides])
+    assert skipped_step(run_dir) == skipped_step(overflow_reference)
+    ours = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    ref = torch.load(overflow_reference / "checkpoint.pt", weights_only=True)["model"]
+    for key in ref:
+        err = float((ours[key] - ref[key]).norm() / ref[key].norm().clamp_min(1e-12))
+        assert err <= 1e-4, f"{key}: relative error {err:.2e}"

@@ -46,6 +46,8 @@ class Kind(IntEnum):
     STARTED = 16  # worker -> server: ready to train
     FEATURES = 17  # worker -> server (stanza): the features of the worker's shard
     FEATURE_GRADS = 18  # server -> worker (stanza): the gradient of the loss with respect to those features
+    SCALE = 19  # server -> worker: an optimizer step's loss scale and whether the step is taken (loss scaling)
+    SCALE_REPLY = 20  # worker -> server: whether the workers' own summed gradients are finite (loss scaling)
 
 
 class Phase(IntEnum):

@@ -54,6 +54,9 @@ class Msg:
     # stanza: the features of a worker's shard, and the gradient of the loss with respect to them
     features = partial(Envelope, Kind.FEATURES, phase=Phase.FORWARD)  # worker -> server
     feature_grads = partial(Envelope, Kind.FEATURE_GRADS, phase=Phase.BACKWARD)  # server -> worker
+    # loss scaling: an optimizer step's scale and whether it is taken, and the workers' finiteness of theirs
+    scale = partial(Envelope, Kind.SCALE, phase=Phase.UPDATE)  # server -> worker
+    scale_reply = partial(Envelope, Kind.SCALE_REPLY, phase=Phase.UPDATE)  # worker -> server
 
 
 class Detached(Exception):

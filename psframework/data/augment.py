@@ -160,8 +160,9 @@ class Normalize:
         """Return the Normalize of the per-channel mean and unbiased std (clamped at 1e-6) of the images."""
         if images.dim() != 4 or images.shape[0] * images.shape[2] * images.shape[3] < 2:
             raise ConfigError(f"Normalize.of needs (N, C, H, W) images of 2 or more values, got {tuple(images.shape)}")
-        # float64, so that summing many float32 values loses no precision (and `over` agrees to ~1e-6).
-        x = images.detach().to(torch.float64)
+        # In the images' own dtype, as the statistics have always been taken: float32 data normalise to the
+        # same bits as before (`over`, for streamed splits, sums in float64).
+        x = images.detach()
         mean = x.mean(dim=(0, 2, 3))
         std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
         return cls(tuple(mean.tolist()), tuple(std.tolist()))

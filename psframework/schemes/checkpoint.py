@@ -28,7 +28,7 @@ FINGERPRINT_KEYS = (
     "train.lr_milestones", "train.lr_gamma", "train.lr_step_epochs", "train.lr_pct_start", "train.lr_div_factor",
     "train.lr_final_div_factor", "train.warmup", "train.warmup_unit", "train.warmup_start_factor",
     "train.head_optimizer", "train.head_lr", "train.seed", "train.label_smoothing", "train.accumulate",
-    "train.precision",
+    "train.precision", "train.loss_scale",
 )
 # Keys older checkpoints do not record, with the value that means what those checkpoints did.
 ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}, "data.augment": "none",
@@ -36,7 +36,8 @@ ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}, "data.a
               "data.std": None, "train.lr_milestones": [], "train.lr_gamma": 0.1, "train.lr_step_epochs": 30,
               "train.lr_pct_start": 0.3, "train.lr_div_factor": 25.0, "train.lr_final_div_factor": 1e4,
               "train.warmup": 0, "train.warmup_unit": "epochs", "train.warmup_start_factor": 0.1,
-              "train.label_smoothing": 0.0, "train.accumulate": 1, "train.precision": "fp32"}
+              "train.label_smoothing": 0.0, "train.accumulate": 1, "train.precision": "fp32",
+              "train.loss_scale": "auto"}
 CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 

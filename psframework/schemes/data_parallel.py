@@ -134,6 +134,8 @@ class DataParallelWorker(WorkerSide):
         self.j, self.n = link.index, len(link.workers)
         self.group, self.groups = link.roles.group, link.roles.groups
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
+        self.scaled = False  # whether the server sends a loss scale with the parameters (ps with loss scaling)
+        self.loss_scale = 1.0
 
     def my_shard(self, indices: Any) -> Any:
         """Return this worker's samples of a global batch: its shard of its group's part."""
@@ -158,6 +160,8 @@ class DataParallelWorker(WorkerSide):
         """Run one iteration on this worker's shard from the parameters rank 0 sent (the scheme's part)."""
 
     def step(self, step: Step, after: Event) -> None:
+        if self.scaled:  # the iteration's loss scale (every server sends it); before the parameters, whose
+            self.loss_scale = float(self.link.take(Msg.scale(step.iteration))[0])  # shards the reply follows
         params = self.link.take(Msg.params(step.iteration))
         if self.link.has(self.opening(after)):
             self.link.report.skipped()  # rank 0 has finished this iteration without this worker

@@ -25,6 +25,7 @@ from psframework.runtime.preempt import FLAG, Preempted
 from psframework.schemes.checkpoint import restore, save_checkpoint
 from psframework.schemes.common import Step, evaluate, iteration_plan, iterations_per_epoch, scale_lr
 from psframework.schemes.lr_schedule import check_schedule, lr_factor
+from psframework.schemes.recipe import LossScaler
 from psframework.schemes.groups import Group, SoleServer
 from psframework.settings import ScheduleSettings, Settings
 
@@ -140,6 +141,7 @@ class ServerSide(ABC):
         self.settings, self.problem, self.link = settings, problem, link  # no link: a single-process scheme
         self.group: Group = group or SoleServer(settings.optim.label_smoothing)  # its place among the run's servers
         self.optimizers: List[torch.optim.Optimizer] = []  # rank 0's optimizers: scaled by the schedule
+        self.scaler = LossScaler.of(settings.optim)  # the loss scale (train.loss_scale), the same on every rank
 
     @property
     def model(self) -> torch.nn.Module:
@@ -172,12 +174,14 @@ class ServerSide(ABC):
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the scheme's state for a checkpoint (besides the model)."""
-        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers], "loss_scale": self.scaler.state_dict()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore the scheme's state from a checkpoint."""
         for opt, saved in zip(self.optimizers, state["optimizers"]):
             opt.load_state_dict(saved)
+        if "loss_scale" in state:  # checkpoints before loss scaling hold none
+            self.scaler.load_state_dict(state["loss_scale"])
 
     def finish(self) -> Dict[str, Any]:
         """End the run (workers stop here); return the scheme's summary fields."""

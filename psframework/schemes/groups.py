@@ -76,6 +76,9 @@ class Group(Protocol):
     def agree_stop(self) -> bool:
         """Agree with the other servers whether the run stops after this iteration; return it."""
 
+    def any(self, flag: bool) -> bool:
+        """Return whether `flag` is set on any server (an overflow seen by one skips every server's step)."""
+
     def batchnorm(self, model: nn.Module) -> ContextManager[None]:
         """Return a block in which the model's BatchNorm layers use statistics of the whole batch."""
 
@@ -123,6 +126,10 @@ class SoleServer:
     def agree_stop(self) -> bool:
         """Return whether a preemption signal asks the run to stop."""
         return self.stop
+
+    def any(self, flag: bool) -> bool:
+        """Return the flag: there is no other server."""
+        return flag
 
     def batchnorm(self, model: nn.Module) -> ContextManager[None]:
         """Return a block that changes nothing: the batch is this server's."""
@@ -203,6 +210,10 @@ class ServerGroup:
         """Return (and keep) whether any server asked to stop after this iteration (servers that sum nothing else)."""
         self.stop = bool(self.peers.sum(np.array([1.0 if FLAG.requested() else 0.0]), "the stop decision")[0] > 0)
         return self.stop
+
+    def any(self, flag: bool) -> bool:
+        """Return whether `flag` is set on any server."""
+        return bool(self.peers.sum(np.array([1.0 if flag else 0.0]), "the overflow decision")[0] > 0)
 
     def fields(self) -> Dict[str, Any]:
         """Return the iteration's bytes summed with the other servers (each sent and received once)."""

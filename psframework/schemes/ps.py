@@ -29,7 +29,7 @@ from psframework.schemes.common import Step, conv_optimizer, head_optimizer, sca
 from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, DataParallelWorker, running_stats,
                                                weighted_sum)
 from psframework.schemes.driver import Event, Problem, Schedule
-from psframework.schemes.recipe import autocast, training_loss
+from psframework.schemes.recipe import autocast, step_scaled, training_loss
 from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group
 from psframework.settings import Settings
@@ -54,9 +54,15 @@ def shard_range(total: int, shard: int, shards: int) -> Tuple[int, int]:
 class PSServer(DataParallelServer):
     """Rank 0 of `ps`: averages full-model gradients and steps every layer."""
 
+    def send_scale(self, step: Step) -> None:
+        """Tell the workers the iteration's loss scale (with loss scaling): their gradients come scaled by it."""
+        if self.scaler.enabled:
+            self.link.send(torch.tensor([self.scaler.factor, 1.0]), Msg.scale(step.iteration))
+
     def aggregate(self, step: Step) -> Aggregate:
         params = list(self.model.parameters())
         vector = pack(params)
+        self.send_scale(step)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
         result = self.result(step, replies)
         # Gradients and losses alike: the mean over the samples used.
@@ -65,8 +71,7 @@ class PSServer(DataParallelServer):
         # Accumulation: each micro-batch's gradient counts step.share; the optimizers step after the last.
         set_grads(params, mean[:count] * step.share, add=not step.first)
         if step.last:
-            for opt in self.optimizers:
-                opt.step()
+            step_scaled(self.scaler, self.optimizers)
         self.keep_running_stats({j: v[count:-1] for j, v in replies.data.items()}, result)
         result.loss = float(mean[-1])
         return result
@@ -130,6 +135,7 @@ class ShardedPSServer(PSServer):
         """Send this shard to every worker, average the first N - b shard gradients, step the shard."""
         self.group.begin(len(step.indices))
         vector = torch.cat([r.value.detach() for r in self.regions])
+        self.send_scale(step)
         replies = self.link.round(vector, Msg.params(step.iteration), Msg.grads(step.iteration), self.needed)
         result = self.result(step, replies)
         mean = weighted_sum(replies.data, result.sample_weights())
@@ -137,9 +143,9 @@ class ShardedPSServer(PSServer):
         lo = self.regions[0].start
         for region in self.regions:
             set_grads([region.value], mean[region.start - lo:region.stop - lo] * step.share, add=not step.first)
-            if step.last:
-                scale_lr([region.optimizer], factor)
-                region.optimizer.step()
+            scale_lr([region.optimizer], factor)
+        if step.last:
+            step_scaled(self.scaler, [region.optimizer for region in self.regions], agree=self.group.any)
         size = vector.numel()
         if self.lead:  # the lead's shard carries the running statistics and the loss
             self.keep_running_stats({j: v[size:-1] for j, v in replies.data.items()}, result)
@@ -168,7 +174,12 @@ class PSWorker(DataParallelWorker):
     """Worker j of `ps`: the whole model on its shard; pushes gradients, statistics and loss.
 
     With several servers its link joins the parameter shards it takes and splits what it replies.
+    With loss scaling its gradients are those of the loss times the scale the servers send.
     """
+
+    def __init__(self, settings: Settings, link: Any) -> None:
+        super().__init__(settings, link)
+        self.scaled = settings.optim.loss_scale == "dynamic"
 
     def compute(self, step: Step, params: torch.Tensor, images: torch.Tensor, labels: torch.Tensor,
                 after: Event) -> None:
@@ -181,7 +192,7 @@ class PSWorker(DataParallelWorker):
         with self.link.busy():
             with autocast(optim.precision, images.device):
                 loss = training_loss(self.model(images), labels, optim.label_smoothing)
-            loss.backward()
+            (loss * self.loss_scale).backward()
         grads = pack([p.grad for p in weights])
         extra = torch.cat([pack(running_stats(self.model)), loss.detach().reshape(1)])
         self.straggle(step.iteration, t0)

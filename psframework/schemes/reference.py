@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-import torch
-
 from psframework.models import split_parameters
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of, resolve_device
 from psframework.comm.links import ServerLink
 from psframework.schemes.driver import Problem, ServerSide, StepResult
 from psframework.schemes.groups import Group
-from psframework.schemes.recipe import autocast, training_loss
+from psframework.schemes.recipe import autocast, step_scaled, training_loss
 from psframework.settings import Settings
 
 
@@ -25,8 +23,6 @@ class ReferenceTrainer(ServerSide):
         trunk, head = split_parameters(self.model, placement_of(settings, self.model))
         self.optimizers = ([conv_optimizer(settings.optim, trunk)] if trunk else []) + \
             ([head_optimizer(settings.optim, head)] if head else [])
-        # fp16 scales the loss so that small gradients survive, skipping the steps whose gradients overflow.
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=settings.optim.precision == "fp16")
 
     def step(self, step: Step) -> StepResult:
         optim = self.settings.optim
@@ -36,11 +32,9 @@ class ReferenceTrainer(ServerSide):
                 opt.zero_grad(set_to_none=True)
         with autocast(optim.precision, self.device):
             loss = training_loss(self.model(images), labels, optim.label_smoothing)
-        self.scaler.scale(loss * step.share).backward()
+        (loss * (step.share * self.scaler.factor)).backward()
         if step.last:
-            for opt in self.optimizers:
-                self.scaler.step(opt)
-            self.scaler.update()
+            step_scaled(self.scaler, self.optimizers)
         return StepResult(float(loss.detach()))
 
     def finish(self) -> Dict[str, Any]:

@@ -36,7 +36,7 @@ from psframework.schemes.data_parallel import (Aggregate, DataParallelServer, Da
 from psframework.schemes.driver import Event, Problem, Schedule
 from psframework.schemes.vectors import momentum_of, pack, set_grads, set_momentum, unpack_into
 from psframework.schemes.groups import Group, part_size, start_sum, sync_bytes
-from psframework.schemes.recipe import autocast
+from psframework.schemes.recipe import autocast, finite, step_scaled, unscale
 from psframework.settings import Settings
 
 
@@ -78,8 +78,6 @@ class StanzaServer(DataParallelServer):
         labels = self.problem.dataset.train.labels_of(step.indices)
         x = torch.cat([arrived.data[j] for j in result.used]).float().requires_grad_(True)
         loss = self.head_loss(step, x, torch.cat([labels[shards[j]] for j in result.used]))
-        if step.last:
-            self.head_opt.step()
         ranks = [self.link.workers[j] for j in result.used]
         grads = self.link.expect(Msg.grads(it), ranks)
         pieces = [p.contiguous() for p in torch.split(x.grad, [result.sizes[j] for j in result.used])]
@@ -91,8 +89,8 @@ class StanzaServer(DataParallelServer):
         count = sum(p.numel() for p in conv)
         # Conv gradients add up (each is that worker's share of the mean loss); running statistics average.
         set_grads(conv, weighted_sum(replies.data, dict.fromkeys(result.used, 1.0))[:count], add=not step.first)
-        if step.last:
-            self.conv_opt.step()
+        if step.last:  # the head and the conv stack: both stepped, or (an overflow) both skipped
+            step_scaled(self.scaler, [self.head_opt, self.conv_opt])
         self.keep_running_stats({j: v[count:] for j, v in replies.data.items()}, result)
         result.loss = float(loss.detach())
         return result
@@ -107,7 +105,7 @@ class StanzaServer(DataParallelServer):
             self.head_opt.zero_grad(set_to_none=True)
         with self.group.batchnorm(self.cut.head), autocast(optim.precision, x.device):
             loss = self.group.loss(self.cut.head(x), labels)
-        (loss * step.share).backward()
+        (loss * (step.share * self.scaler.factor)).backward()
         return loss
 
     def conv_grads(self, step: Step, indices: Any, feature_grads: torch.Tensor) -> torch.Tensor:
@@ -126,15 +124,50 @@ class StanzaServer(DataParallelServer):
 
 
 class GroupStanzaServer(StanzaServer):
-    """Server g of `stanza` with several servers: the head on its group's part; the workers step the conv stack."""
+    """Server g of `stanza` with several servers: the head on its group's part; the workers step the conv stack.
+
+    With loss scaling an optimizer step is skipped when the head's gradients (which the servers see)
+    or the conv stack's (which the workers see) overflow: the servers tell the workers theirs (Msg.scale),
+    the workers answer with theirs (Msg.scale_reply), and the head steps once the answer is in (at the
+    next iteration's start, or at a synchronisation), with its own iteration's learning rate.
+    """
 
     def start(self, schedule: Schedule) -> None:
         """Send the workers the conv stack's state: they step it themselves."""
+        self.schedule = schedule
+        self.held: Optional[Tuple[int, float, bool, Any]] = None  # a head step waiting for the workers' finding
         self.link.send(trunk_state(self.trunk, self.conv_opt, self.cut.trunk), Msg.params(schedule.start))
+
+    def step_head(self, iteration: int) -> None:
+        """Step the head after an optimizer step's last iteration (with loss scaling: hold it for the workers)."""
+        if not self.scaler.enabled:
+            self.head_opt.step()
+            return
+        head_inf = not finite(p.grad for g in self.head_opt.param_groups for p in g["params"])
+        self.link.send(torch.tensor([self.scaler.factor, float(head_inf)]), Msg.scale(iteration))
+        self.held = (iteration, self.scaler.factor, head_inf, self.link.expect(Msg.scale_reply(iteration)))
+
+    def release_head(self) -> None:
+        """Take the workers' finding of the held step and step the head, or skip it as every rank does."""
+        if self.held is None:
+            return
+        iteration, used, head_inf, replies = self.held
+        self.held = None
+        conv_inf = any(float(r[0]) > 0 for r in self.link.collect(replies, self.link.n, rotate=False).data.values())
+        if not self.scaler.update(head_inf or conv_inf):
+            return
+        grads = [p.grad for g in self.head_opt.param_groups for p in g["params"]]
+        self.scaler.unscale(grads, used)
+        now = [g["lr"] for g in self.head_opt.param_groups]
+        scale_lr([self.head_opt], self.schedule.lr_factor(iteration))  # the step's own rate
+        self.head_opt.step()
+        for group, lr in zip(self.head_opt.param_groups, now):
+            group["lr"] = lr
 
     def aggregate(self, step: Step) -> Aggregate:
         """Run the head on the features of every worker of this group; send them their features' gradients."""
         it = step.iteration
+        self.release_head()
         self.group.begin(len(step.indices))
         arrived = self.link.collect(self.link.expect(features_envelope(it)), self.link.n, rotate=False)
         result = self.result(step, arrived)
@@ -147,13 +180,14 @@ class GroupStanzaServer(StanzaServer):
         # The head's gradients are summed once per optimizer step; the loss of every micro-batch.
         result.loss = self.group.sum_gradients([self.head_opt] if step.last else [], float(loss.detach()))
         if step.last:
-            self.head_opt.step()
+            self.step_head(it)
         return result
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
-        """Take the conv stack's state from a worker (every worker holds the same)."""
+        """Take the conv stack's state from a worker (every worker holds the same); step a held head."""
         state = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration), 1, rotate=False)
         load_trunk_state(next(iter(state.data.values())), self.trunk, self.conv_opt, self.cut.trunk)
+        self.release_head()  # the workers answered its finding before their state
         return {}
 
 
@@ -214,6 +248,8 @@ class GroupStanzaWorker(StanzaWorker):
         super().__init__(settings, link)
         self.conv_opt = conv_optimizer(settings.optim, self.trunk)
         self.pending: Optional[Callable[[], torch.Tensor]] = None  # the conv gradient sum in flight
+        self.pending_iteration = 0
+        self.scaled = settings.optim.loss_scale == "dynamic"
         self.schedule: Optional[Schedule] = None
 
     def start(self, schedule: Schedule) -> None:
@@ -233,6 +269,7 @@ class GroupStanzaWorker(StanzaWorker):
         scale_lr([self.conv_opt], self.schedule.lr_factor(it))
         self.pending = start_sum(self.link.all_workers, vector, "the conv gradient sum of every worker",
                                  self.link.progress)
+        self.pending_iteration = it
         self.link.report.sent()
 
     def settle(self) -> None:
@@ -242,8 +279,18 @@ class GroupStanzaWorker(StanzaWorker):
         total, self.pending = self.pending(), None
         count = sum(p.numel() for p in self.trunk)
         set_grads(self.trunk, total[:count])
-        self.conv_opt.step()
         unpack_into(running_stats(self.cut.trunk), total[count:])
+        if not self.scaled:
+            self.conv_opt.step()
+            return
+        # Loss scaling: the servers' finding of the head, this one of the conv stack (every worker's alike).
+        scale, head_inf = self.link.take(Msg.scale(self.pending_iteration)).tolist()
+        conv_inf = not finite([total[:count]])
+        self.link.send(torch.tensor([float(conv_inf)]), Msg.scale_reply(self.pending_iteration))
+        if head_inf or conv_inf:
+            return  # skipped by every rank
+        unscale([p.grad for p in self.trunk], scale)
+        self.conv_opt.step()
 
     def sync(self, iteration: int) -> None:
         """Send the server the conv stack's state (several servers: this worker steps it)."""

@@ -60,9 +60,6 @@ def _check_precision(cfg: Config) -> None:
     """Check train.precision against the device: fp16 autocast and its loss scaler need a GPU."""
     if cfg.train.precision != "fp16":
         return
-    if get_scheme(cfg.scheme).mpi:
-        raise ConfigError(f"train.precision: got fp16 for scheme {cfg.scheme}, expected bf16 or fp32 (fp16's loss "
-                          "scaler runs in the single-process reference trainer only; bf16 needs no scaler)")
     import torch
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())

@@ -24,7 +24,7 @@ from psframework.schemes.coded.remote import remote_convs
 from psframework.schemes.coded.state import encode_state
 from psframework.schemes.common import make_optimizer, scale_lr
 from psframework.schemes.groups import Group
-from psframework.schemes.recipe import autocast, compute_dtype
+from psframework.schemes.recipe import LossScaler, autocast, compute_dtype, finite, step_scaled, unscale
 from psframework.schemes.vectors import momentum_of, pack, set_momentum, unpack
 from psframework.settings import OptimSettings
 
@@ -40,6 +40,9 @@ class Exchange(Protocol):
     def backward(self, layer: int, dy: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
         """Send dY_l; return at least k coded input gradients (none when `want_reply` is false)."""
 
+    def conclude(self, scale: float, taken: bool) -> None:
+        """Tell the workers an optimizer step's loss scale and whether it is taken (with loss scaling)."""
+
 
 @dataclass
 class Update:
@@ -48,6 +51,7 @@ class Update:
     pieces: List[Callable[[], List[torch.Tensor]]]  # gradients still to compute, one piece of work each
     lr_factor: float  # the schedule's learning-rate factor of the iteration it belongs to
     steps: bool = True  # whether the optimizer steps after it (False: a micro-batch whose gradients accumulate)
+    iteration: int = 0  # with loss scaling: the iteration whose decision (`CodedWorker.decisions`) the step takes
     grads: List[torch.Tensor] = field(default_factory=list)  # gradients computed so far
 
 
@@ -70,6 +74,8 @@ class CodedWorker:
         self.dtype = compute_dtype(optim.precision)
         self.deferred: Dict[int, Update] = {}
         self.accumulated: Dict[int, List[torch.Tensor]] = {}  # gradients of an optimizer step's earlier micro-batches
+        self.scaled = optim.loss_scale == "dynamic"
+        self.decisions: Dict[int, Tuple[float, bool]] = {}  # loss scaling: rank 0's (scale, taken) per iteration
         self.code = code
         self.codings = codings
         self.weights = weights
@@ -109,7 +115,7 @@ class CodedWorker:
         return coded_input_grad(coding, dy, w, self._input(layer).shape, self.dtype)
 
     def update(self, layer: int, dy: torch.Tensor, coded: bool = False, lr_factor: float = 1.0,
-               steps: bool = True) -> None:
+               steps: bool = True, iteration: int = 0) -> None:
         """Queue the layer's update from dY (or, for a layer without a column copy, SA_j(dY)); `steps`: the
         optimizer steps after it (otherwise its gradients accumulate for the step's later micro-batches)."""
         coding = self.codings[layer]
@@ -118,7 +124,7 @@ class CodedWorker:
         if layer in self.deferred:  # one update per layer and iteration: the older one first
             self._apply(layer)
         pieces = weight_grad_pieces(coding, self.code, self.j, self._input(layer), dy, self.weights[layer], coded)
-        self.deferred[layer] = Update(pieces, lr_factor, steps)
+        self.deferred[layer] = Update(pieces, lr_factor, steps, iteration)
 
     def has_update(self, layer: int) -> bool:
         """Return whether the layer has a queued update."""
@@ -154,8 +160,31 @@ class CodedWorker:
         if not task.steps:
             self.accumulated[layer] = grads
             return
+        if self.scaled and not self._unscaled(layer, task.iteration, grads):
+            return  # rank 0 skipped the step (an overflow): so does every worker
         scale_lr([self.optimizers[layer]], task.lr_factor)
         self._conclude(layer, grads)
+
+    def _unscaled(self, layer: int, iteration: int, grads: List[torch.Tensor]) -> bool:
+        """Apply rank 0's loss-scaling decision of an iteration to a layer's gradients; return whether to step."""
+        if iteration not in self.decisions:
+            raise RuntimeError(f"worker {self.j}: layer {layer}'s update of iteration {iteration} has no loss-scaling "
+                               "decision from rank 0")
+        scale, taken = self.decisions[iteration]
+        if not taken:
+            return False
+        unscale(grads, scale)
+        if not finite(grads):
+            # rank 0 checked the gradients it sent, from which these are computed in float32
+            raise RuntimeError(f"worker {self.j}: the coded gradients of layer {layer} at iteration {iteration} "
+                               f"overflow at loss scale {scale:g} although rank 0's did not; lower "
+                               "train.loss_scale_power")
+        return True
+
+    def forget_decisions(self, before: int) -> None:
+        """Drop the loss-scaling decisions of iterations before `before` (their updates are applied)."""
+        for iteration in [i for i in self.decisions if i < before]:
+            del self.decisions[iteration]
 
     def _conclude(self, layer: int, grads: List[torch.Tensor]) -> None:
         """Step the layer with its gradients."""
@@ -228,9 +257,11 @@ class CodedServer:
 
     def __init__(self, model: nn.Module, code: Code, codings: List[LayerCoding], plan: CommandPlan,
                  optimizers: Sequence[Optional[torch.optim.Optimizer]], exchange: Exchange, group: Group,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", scaler: Optional[LossScaler] = None) -> None:
         self.model = model
         self.precision = precision  # autocast of the layers rank 0 runs
+        self.scaler = scaler or LossScaler()
+        self.step_inf = False  # an output gradient sent in this optimizer step was not finite
         self.code = code
         self.codings = codings
         self.plan = plan
@@ -251,17 +282,22 @@ class CodedServer:
         if first:
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
+            self.step_inf = False
         rounds = _Rounds(self)
         with remote_convs(self.model, self.plan.names, rounds), self.group.batchnorm(self.model):
             with autocast(self.precision, x.device):
                 scores = self.model(x)  # the forward rounds, one per coded convolution, and the layers between
             loss = self.group.loss(scores, y)
-            (loss * share).backward()  # the backward rounds, in the plan's order
+            (loss * (share * self.scaler.factor)).backward()  # the backward rounds, in the plan's order
         rounds.finish()
+        self.step_inf = self.step_inf or rounds.inf
         value = self.group.sum_gradients(self.optimizers if last else [], float(loss.detach()))
         if last:
-            for opt in self.optimizers:
-                opt.step()
+            used = self.scaler.factor
+            # The workers' updates come from the output gradients sent: an overflow there skips their step too.
+            taken = step_scaled(self.scaler, self.optimizers, self.step_inf, agree=self.group.any)
+            if self.scaler.enabled:
+                self.exchange.conclude(used, taken)
         return value
 
     def timings(self) -> Dict[str, float]:
@@ -283,6 +319,7 @@ class _Rounds:
     def __init__(self, server: CodedServer) -> None:
         self.server, self.exchange, self.plan = server, server.exchange, server.plan
         self.position = 0
+        self.inf = False  # whether an output gradient sent was not finite (checked with loss scaling only)
 
     def expect(self, command: Command) -> None:
         """Check that the model calls its coded convolutions in the order the workers follow."""
@@ -303,6 +340,8 @@ class _Rounds:
         command = Command(Phase.BACKWARD, index)
         self.expect(command)
         want_reply = self.plan.wants_reply(command)
+        if self.server.scaler.enabled:
+            self.inf = self.inf or not finite([dy])
         replies = self.exchange.backward(index, dy.float(), want_reply)  # float32, as the forward's input
         if not want_reply:
             return None

@@ -39,8 +39,10 @@ class MpiExchange:
     (encode_s: the naive scheme's weight gradients included) along with the link's rounds.
     """
 
-    def __init__(self, link: Any, k: int, payloads: Callable[[Command, torch.Tensor], Payloads]) -> None:
+    def __init__(self, link: Any, k: int, payloads: Callable[[Command, torch.Tensor], Payloads],
+                 workers_step: bool = True) -> None:
         self.link, self.k, self.payloads = link, k, payloads
+        self.workers_step = workers_step  # whether the workers step weights of their own (DEU)
         self.iteration, self.encode_s = 0, 0.0
 
     def begin(self, iteration: int) -> None:
@@ -57,6 +59,11 @@ class MpiExchange:
 
     def backward(self, layer: int, dy: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
         return self.round(Command(Phase.BACKWARD, layer), dy, want_reply)
+
+    def conclude(self, scale: float, taken: bool) -> None:
+        """Send the workers that step their own weights the step's loss scale and whether it is taken."""
+        if self.workers_step:
+            self.link.send(torch.tensor([scale, float(taken)]), Msg.scale(self.iteration))
 
     def round(self, command: Command, x: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
         """Send a pass's tensor to every worker; return the first k replies {packet index: reply}."""

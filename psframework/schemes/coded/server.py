@@ -53,9 +53,9 @@ class CodedServerBase(ServerSide):
             link.rotate_subsets(self.k)
         link.require(self.k)
         self.optimizers = self.server_optimizers() + self.conv_optimizers()
-        self.exchange = MpiExchange(link, self.k, self.payloads)
+        self.exchange = MpiExchange(link, self.k, self.payloads, self.workers_update)
         self.core = CodedServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
-                                self.group, settings.optim.precision)
+                                self.group, settings.optim.precision, self.scaler)
 
     def server_optimizers(self) -> List[torch.optim.Optimizer]:
         """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""

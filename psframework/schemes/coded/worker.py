@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -153,9 +153,15 @@ class CodedWorkerBase(WorkerSide):
 
 
 class CodedWorkerSide(CodedWorkerBase):
-    """Worker j of `sazd`, `poly` and `uncoded` (DEU): holds and updates its coded weights."""
+    """Worker j of `sazd`, `poly` and `uncoded` (DEU): holds and updates its coded weights.
+
+    With loss scaling rank 0 decides after each optimizer step whether it is taken (Msg.scale); the
+    worker takes the decisions at the next iteration's start (before any update of that step is
+    applied), before a synchronisation and at the end.
+    """
 
     with_syncs = True
+    awaiting: List[int]  # loss scaling: iterations whose decision is still to take
 
     def start(self, schedule: Schedule) -> None:
         """Encode this worker's packets of the uncoded conv state the server sent (weights, momentum)."""
@@ -166,6 +172,19 @@ class CodedWorkerSide(CodedWorkerBase):
     def readmitted(self, state: torch.Tensor) -> None:
         """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
         self.worker = self.new_worker(state)
+        self.awaiting = []  # the updates that waited for them are gone with the old packets
+
+    def take_decisions(self) -> None:
+        """Take rank 0's loss-scaling decisions of the optimizer steps whose updates are still to apply."""
+        for iteration in self.awaiting:
+            scale, taken = self.link.take(Msg.scale(iteration)).tolist()
+            self.worker.forget_decisions(before=iteration)
+            self.worker.decisions[iteration] = (scale, taken > 0)
+        self.awaiting = []
+
+    def step(self, step: Step, after: Event) -> None:
+        self.take_decisions()
+        super().step(step, after)
 
     def new_worker(self, state: torch.Tensor) -> CodedWorker:
         """Return the algorithm of this worker, holding its packets of an uncoded conv state."""
@@ -174,11 +193,13 @@ class CodedWorkerSide(CodedWorkerBase):
     def close(self) -> None:
         """Apply the updates still queued (or, with several groups, whose sums are in flight: no collective
         may outlive the run)."""
+        self.take_decisions()
         self.worker.settle()
 
     def sync(self, iteration: int) -> None:
         """Send the server this worker's coded tensors and momentum."""
         self.link.take(Msg.state(iteration))
+        self.take_decisions()
         self.link.send(pack(self.worker.state()), Msg.state_reply(iteration))
 
     def coded_packet(self, command: Command) -> bool:
@@ -194,8 +215,11 @@ class CodedWorkerSide(CodedWorkerBase):
         """Queue a backward command's update (every one, in order, even when the reply was skipped)."""
         if command.phase != Phase.BACKWARD:
             return
+        steps = self.schedule.steps(iteration)
         self.worker.update(command.layer, x, coded=self.coded_packet(command),
-                           lr_factor=self.schedule.lr_factor(iteration), steps=self.schedule.steps(iteration))
+                           lr_factor=self.schedule.lr_factor(iteration), steps=steps, iteration=iteration)
+        if steps and self.worker.scaled and iteration not in self.awaiting:
+            self.awaiting.append(iteration)
         self.link.report.add("updates", 1)
 
     def spare_work(self, layer: int) -> bool:
