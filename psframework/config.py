@@ -195,6 +195,9 @@ class OutputConfig:
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     overwrite: bool = False
     tensorboard: bool = False  # rank 0 writes the metrics as TensorBoard scalars to RUN_DIR/tensorboard
+    trace: bool = False  # every rank records a timeline of its phases; rank 0 writes RUN_DIR/trace.json
+    trace_iterations: int = 50  # the timeline keeps the newest this many iterations
+    trace_window: Optional[List[int]] = None  # or [first, last]: the iterations recorded
 
 
 @dataclass
@@ -362,6 +365,9 @@ def validate(cfg: Config) -> Config:
 def _check_output(o: OutputConfig) -> None:
     import importlib.util
 
+    w = o.trace_window
+    _require(w is None or (len(w) == 2 and w[0] <= w[1]),
+             f"output.trace_window: got {w}, expected [first, last] iterations with first <= last")
     _require(not o.tensorboard or importlib.util.find_spec("tensorboard") is not None,
              "output.tensorboard: true needs the tensorboard package, which is not installed; expected "
              "pip install 'psframework[tensorboard]' (or output.tensorboard: false)")
@@ -379,6 +385,7 @@ _BOUNDS = {
     "train.head_lr": (0.0, 1e3), "train.weight_decay": (0.0, 1.0), "train.seed": (0, SEED_MAX),
     "train.eval_every": (0, 10**9), "train.verify_every": (0, 10**9), "train.checkpoint_every": (0, 10**9),
     "train.keep_checkpoints": (1, 10**9), "train.max_requeues": (0, 10**6),
+    "output.trace_iterations": (1, 10**6), "output.trace_window": (1, 10**9),
     "train.servers": (1, 1024), "train.lr_step_epochs": (1, 10**6), "train.lr_div_factor": (1.0, 1e9),
     "train.lr_final_div_factor": (1.0, 1e12), "train.warmup": (0, 10**9), "train.accumulate": (1, 4096),
     "train.loss_scale_power": (0, 127), "train.loss_scale_window": (1, 10**9),

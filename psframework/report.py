@@ -692,7 +692,7 @@ def render_report(paths: Sequence[str], runs: Sequence[Run], plots: Sequence[Tup
     lines = ["# Training report", "",
              f"{len(runs)} run(s), {finished} finished, from " + ", ".join(f"`{p}`" for p in paths) + ".",
              "Every run's summary is in [runs.csv](runs.csv).", "", "## Runs", ""]
-    lines += run_table(runs) + ["", "## Plots", ""]
+    lines += run_table(runs) + [""] + timeline_lines(runs) + ["## Plots", ""]
     for plot, written in plots:
         if written:
             lines += [f"![{plot.caption}]({plot.file})", "", plot.sentence, ""]
@@ -700,6 +700,15 @@ def render_report(paths: Sequence[str], runs: Sequence[Run], plots: Sequence[Tup
             lines += [plot.missing, ""]
     lines += slowdown_section(pairs, lonely)
     return "\n".join(lines)
+
+
+def timeline_lines(runs: Sequence[Run]) -> List[str]:
+    """Return the lines that link each run's timeline (trace.json, written with output.trace), if any."""
+    traces = [path for path in (os.path.join(run.dir, "trace.json") for run in runs) if os.path.exists(path)]
+    if not traces:
+        return []
+    return (["## Timelines", "", "Per-rank timelines (Chrome trace-event JSON: open them in Perfetto or "
+             "chrome://tracing):", ""] + [f"- [{path}]({os.path.abspath(path)})" for path in traces] + [""])
 
 
 def csv_rows(runs: Sequence[Run]) -> Tuple[List[str], List[Dict[str, Any]]]:

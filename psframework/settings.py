@@ -88,6 +88,9 @@ class RunSettings:
     keep_checkpoints: Optional[int] = None  # the newest periodic checkpoints kept (None: all)
     max_requeues: int = 3  # how often a preempted Slurm job is requeued
     tensorboard: bool = False  # the lead server writes the metrics rows as TensorBoard scalars
+    trace: bool = False  # every rank records a timeline; rank 0 writes trace.json
+    trace_iterations: int = 50  # the timeline's ring of iterations
+    trace_window: Optional[Tuple[int, int]] = None  # or the iterations recorded
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,9 @@ def build_settings(cfg: Config, code: Optional[str]) -> Settings:
     run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
                       t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
                       cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers,
-                      t.keep_checkpoints, t.max_requeues, cfg.output.tensorboard)
+                      t.keep_checkpoints, t.max_requeues, cfg.output.tensorboard, cfg.output.trace,
+                      cfg.output.trace_iterations,
+                      tuple(cfg.output.trace_window) if cfg.output.trace_window else None)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
                                   c.progress_thread, c.emulate.ranks)

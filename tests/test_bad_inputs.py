@@ -79,6 +79,13 @@ ROWS: Dict[str, Row] = {
     "max requeues -1": train("train.max_requeues=-1", phrase="train.max_requeues: got -1, expected 0..1000000"),
     "sweep max parallel 0": Row(("sweep", "{sazd}", "--slurm", "--dry-run", "--out", "{out}", "--max-parallel", "0"),
                                 "psf sweep: --max-parallel: got 0, expected a positive number of array tasks"),
+    "trace window reversed": train("output.trace=true", "output.trace_window=[9, 3]",
+                                   phrase="output.trace_window: got [9, 3], expected [first, last] iterations"),
+    "trace window beyond the run": train("output.trace=true", "output.trace_window=[10, 500]",
+                                         "train.max_iterations=20",
+                                         phrase="output.trace_window: got [10, 500], beyond the run's 20 iterations"),
+    "trace iterations 0": train("output.trace=true", "output.trace_iterations=0",
+                                phrase="output.trace_iterations: got 0, expected 1..1000000"),
     # ---- the training recipe
     "milestones not increasing": train("train.lr_schedule=multistep", "train.lr_milestones=[3, 2]",
                                        phrase="train.lr_milestones: got [3, 2], expected increasing epochs >= 1"),

@@ -20,6 +20,7 @@ import numpy as np
 
 from .envelope import Envelope, Kind, Phase
 from .errors import TooFewWorkers, WatchdogTimeout
+from .timeline import TIMELINE
 
 
 def _fields(envelope: Envelope) -> Tuple[int, int, int]:
@@ -57,6 +58,14 @@ class Msg:
     # loss scaling: an optimizer step's scale and whether it is taken, and the workers' finiteness of theirs
     scale = partial(Envelope, Kind.SCALE, phase=Phase.UPDATE)  # server -> worker
     scale_reply = partial(Envelope, Kind.SCALE_REPLY, phase=Phase.UPDATE)  # worker -> server
+
+
+def _kind_name(envelope: Envelope) -> str:
+    """Return a message's kind in words (a timeline span's name)."""
+    try:
+        return Kind(envelope.kind).name.lower()
+    except ValueError:
+        return str(envelope.kind)
 
 
 class Detached(Exception):
@@ -268,6 +277,7 @@ class MPIServerLink:
         state = state_for(self.index(rank), iteration)
         del self.members.detached[rank]
         self.transport.isend(rank, state, Msg.readmit(iteration))
+        TIMELINE.instant("membership", f"rank {rank} readmitted")
         self.members.record(rank, readmitted_at=iteration)
         self.say(f"psf: rank {rank} readmitted at iteration {iteration}")
 
@@ -291,6 +301,7 @@ class MPIServerLink:
         self.transport.isend(rank, np.zeros(1), Msg.detach(self.iteration), urgent=True)
         self.members.detached[rank] = self.iteration
         self.members.record(rank, detached_at=self.iteration)
+        TIMELINE.instant("membership", f"rank {rank} detached")
         self.say(f"psf: rank {rank} detached at iteration {self.iteration}: {self.members.detach_after} or more "
                  f"iterations behind and silent since ({dropped} messages dropped)")
         if self.rank_died():
@@ -354,6 +365,7 @@ class MPIServerLink:
             self.transport.isend(rank, payload, envelope)
         self.detach_laggards([rank for rank, _ in live])
         self.clock.timings["comm_s"] += time.perf_counter() - t0
+        TIMELINE.add("send", f"send {_kind_name(envelope)}", t0, time.perf_counter() - t0)
 
     def collect(self, gather: Any, need: int, rotate: bool = True) -> Replies:
         """Wait for the first `need` replies (or, rotating, for all and use the next subset)."""
@@ -366,6 +378,7 @@ class MPIServerLink:
             chosen = result.first
         self.clock.timings["wait_s"] += result.wait_s
         self.clock.timings["comm_s"] += max(0.0, time.perf_counter() - t0 - result.wait_s)
+        TIMELINE.add("wait", f"wait for {need} of {len(gather.sources)}", t0, result.wait_s)
         self.clock.used.append(sorted(chosen))
         return Replies({self.index(r): result.data[r] for r in chosen}, sorted(chosen))
 
@@ -374,6 +387,7 @@ class MPIServerLink:
         t0 = time.perf_counter()
         data = gather.wait_within(timeout_s)
         self.clock.timings["wait_s"] += time.perf_counter() - t0
+        TIMELINE.add("wait", "wait for every reply", t0, time.perf_counter() - t0)
         ranks = sorted(data)
         return Replies({self.index(r): data[r] for r in ranks}, ranks)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from psframework.schemes.registry import Scheme, SchemeError, get_scheme, register, scheme_names
@@ -20,17 +21,43 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
     from psframework.runtime.preempt import watch
     from psframework.schemes.startup import attempt, preflight
 
+    from psframework.comm.timeline import TIMELINE
+    from psframework.runtime.preempt import Preempted
+
     rank = comm.Get_rank() if comm is not None else 0
     flag = watch(settings.run.preempt_signal)  # from the start: a signal during start-up stops after iteration 1
+    run = settings.run
+    TIMELINE.configure(run.trace, run.trace_iterations, run.trace_window)
     try:
         opening, outcome = attempt(lambda: preflight(settings, rank, comm))
         _agree_or_close(comm, outcome, opening)
         try:
-            return _train(settings, comm, opening)
+            summary = _train(settings, comm, opening)
+        except Preempted:
+            write_trace(settings, comm)
+            raise
         finally:
             opening.close()
+        write_trace(settings, comm)
+        return summary
     finally:
         flag.uninstall()
+
+
+def write_trace(settings: Settings, comm: Any) -> None:
+    """Gather every rank's timeline on rank 0 and write trace.json (atomically) into the run directory."""
+    from psframework.comm.timeline import TIMELINE, trace_json
+    from psframework.fileio import atomic_write_text
+
+    if not settings.run.trace:
+        return
+    spans = list(TIMELINE.spans)
+    every = [spans] if comm is None else comm.gather(spans, root=0)
+    if every is None:
+        return
+    servers = settings.run.servers if get_scheme(settings.run.scheme).mpi else len(every)
+    names = [f"rank {r} ({'server' if r % (len(every) // servers) == 0 else 'worker'})" for r in range(len(every))]
+    atomic_write_text(os.path.join(settings.run.run_dir, "trace.json"), trace_json(every, names))
 
 
 def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, Any]]:

@@ -27,6 +27,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Msg, Replies
+from psframework.comm.timeline import TIMELINE
 from psframework.data import shard, shard_bounds
 from psframework.models import split_parameters
 from psframework.runtime.stragglers import Stragglers
@@ -174,6 +175,7 @@ class DataParallelWorker(WorkerSide):
         from psframework.runtime.node import straggle
 
         compute_s = time.perf_counter() - started
+        TIMELINE.add("compute", "compute", started, compute_s)
         self.link.report.add("compute_s", compute_s)
         self.link.report.add("delay_s", straggle(self.stragglers, self.link.rank, iteration, compute_s,
                                                  [self.link.progress]))

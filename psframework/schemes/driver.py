@@ -19,6 +19,7 @@ import torch
 
 from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Detached, StopEarly, cpu_per_iteration
+from psframework.comm.timeline import TIMELINE
 from psframework.data import Dataset
 from psframework.metrics import Progress, RunRecorder
 from psframework.runtime.preempt import FLAG, Preempted
@@ -87,6 +88,12 @@ def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Sched
     total = per_epoch * run.epochs
     total = min(total, run.max_iterations) if run.max_iterations else total
     check_schedule(optim.schedule, total // m, per_epoch // m, m)
+    window = run.trace_window
+    if run.trace and window and window[1] > total:
+        from psframework.config import ConfigError
+
+        raise ConfigError(f"output.trace_window: got {list(window)}, beyond the run's {total} iterations; expected "
+                          f"iterations within 1..{total}")
     return Schedule(start, total, per_epoch, run.eval_every, run.verify_every, run.checkpoint_every,
                     optim.schedule, m)
 
@@ -255,6 +262,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     if side.fetches_batches:
         problem.dataset.train.prefetch(side.batch_indices(step) for step in steps(settings, num_train, schedule))
     for step in steps(settings, num_train, schedule):
+        TIMELINE.begin(step.iteration)
         if side.link is not None:
             # A worker rejoins where an optimizer step starts: no accumulated gradient is missing from its state.
             side.link.start_iteration(step.iteration, side.readmission_state, readmit=step.first)
@@ -327,6 +335,7 @@ def after_step(settings: Settings, side: ServerSide, schedule: Schedule, iterati
     """Synchronise, evaluate and checkpoint as the schedule says; return the progress line's extra text."""
     if not schedule.syncs(iteration):
         return ""
+    TIMELINE.begin(iteration, "sync")
     fields = side.sync(iteration, schedule.verifies(iteration))
     recorder.update_last(**fields)
     extra = f"verify {fields['verify_max_rel_diff']:.1e} " if "verify_max_rel_diff" in fields else ""
@@ -353,8 +362,9 @@ def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, 
     names = ["checkpoint.pt"]
     if schedule.checkpoint_every and iteration % schedule.checkpoint_every == 0:
         names.append(f"checkpoint-{iteration}.pt")
-    for name in names:
-        save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings, coded)
+    with TIMELINE.span("checkpoint"):
+        for name in names:
+            save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings, coded)
     if settings.run.keep_checkpoints:
         prune_checkpoints(run_dir, settings.run.keep_checkpoints)
 
@@ -433,6 +443,7 @@ def run_worker(settings: Settings, side: WorkerSide, on_started: Callable[[], An
 def timed_play(side: WorkerSide, event: Event, after: Event, first: bool) -> None:
     """Play a plan event, adding the processor time of every step but the first (warm-up) to the report."""
     cpu0 = time.process_time()
+    TIMELINE.begin(event.iteration)
     play(side, event, after)
     if event.kind == STEP and not first:
         side.link.report.add("cpu_s", time.process_time() - cpu0)
@@ -444,4 +455,5 @@ def play(side: WorkerSide, event: Event, after: Event) -> None:
     if event.kind == STEP:
         side.step(event.step, after)
     else:
+        TIMELINE.begin(event.iteration, "sync")
         side.sync(event.iteration)

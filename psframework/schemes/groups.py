@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from psframework.comm.timeline import TIMELINE
 from psframework.data import shard, shard_bounds
 from psframework.runtime.preempt import FLAG
 from psframework.schemes.recipe import training_loss
@@ -308,7 +309,11 @@ def start_sum(peers: Any, values: torch.Tensor, what: str, serve: Optional[Calla
     """Start summing a tensor over the peers (through host memory, in its dtype); return what waits for the sum."""
     host = values.detach().to("cpu").contiguous().numpy()
     handle = peers.start_sum(host, what)
-    return lambda: torch.from_numpy(handle.wait(serve)).to(values.device)
+
+    def wait() -> torch.Tensor:
+        with TIMELINE.span("sum", what):
+            return torch.from_numpy(handle.wait(serve)).to(values.device)
+    return wait
 
 
 def _summed(peers: Any, values: torch.Tensor, what: str) -> torch.Tensor:

@@ -17,6 +17,7 @@ from torch import nn
 
 from psframework.codes import Code
 from psframework.comm.envelope import Phase
+from psframework.comm.timeline import TIMELINE
 from psframework.schemes.coded.layers import (CodedWeights, LayerCoding, coded_forward, coded_input_grad,
                                               weight_grad_pieces)
 from psframework.schemes.coded.plan import Command, CommandPlan
@@ -310,6 +311,7 @@ class CodedServer:
         replies = {j: r.float() for j, r in replies.items()}  # replies in train.precision, decoded in float32
         out = coding.decode(self.code, replies, axis=1, length=length)
         self.decode_s += time.perf_counter() - t0
+        TIMELINE.add("decode", f"decode layer {coding.index}", t0, time.perf_counter() - t0)
         return out
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
+from psframework.comm.timeline import TIMELINE
 from psframework.models import Placement
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.layers import code_of, layer_codings
@@ -70,6 +71,8 @@ class MpiExchange:
         t0 = time.perf_counter()
         payloads = self.payloads(command, x)
         self.encode_s += time.perf_counter() - t0
+        TIMELINE.add("encode", f"encode layer {command.layer} {command.phase.name.lower()}", t0,
+                     time.perf_counter() - t0)
         if payloads.commands is None:
             return {}
         it, layer, phase = self.iteration, command.layer, command.phase

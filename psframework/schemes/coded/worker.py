@@ -17,6 +17,7 @@ import torch
 
 from psframework.comm.envelope import Envelope, Kind, Phase
 from psframework.comm.rounds import Msg
+from psframework.comm.timeline import TIMELINE
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.coded.core import CodedWorker, SummingCodedWorker
 from psframework.schemes.coded.dissemination import Dissemination
@@ -81,6 +82,7 @@ class CodedWorkerBase(WorkerSide):
         t0 = time.perf_counter()
         out = self.compute(iteration, command, x, reply=not stale)
         compute_s = time.perf_counter() - t0
+        TIMELINE.add("compute", f"layer {command.layer} {command.phase.name.lower()}", t0, compute_s)
         report = self.link.report
         report.add("delay_s", self.delay(iteration, compute_s))
         if out is not None:
