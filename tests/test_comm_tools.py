@@ -184,14 +184,19 @@ def test_psf_mpirun_runs_psf_under_mpi():
 
 
 TEMPLATES = sorted(name for name in os.listdir(os.path.join(ROOT, "jobs")) if name.endswith(".sbatch"))
-# Names that stand for a config without being one: the usage placeholder and a run directory's copy.
-NOT_CONFIGS = {"CONFIG.yaml", "config.yaml"}
+# Names that stand for a config without being one: the usage placeholder, a run directory's copy, the docs' site.
+NOT_CONFIGS = {"CONFIG.yaml", "config.yaml", "mkdocs.yml"}
 
 
 def read(*parts: str) -> str:
     """Return the text of a file of the repository."""
     with open(os.path.join(ROOT, *parts)) as f:
         return f.read()
+
+
+# The README and the pages of the documentation: the commands they show are the ones users copy.
+DOC_PAGES = ["README.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
+                                   if name.endswith(".md"))
 
 
 def template_world_size(text: str) -> int:
@@ -203,8 +208,8 @@ def template_world_size(text: str) -> int:
 
 
 def example_runs() -> List[Tuple[str, List[str]]]:
-    """Return (template, psf train arguments) of every `sbatch jobs/NAME ARGS` example in the templates and README."""
-    texts = [read("jobs", name) for name in TEMPLATES] + [read("README.md")]
+    """Return (template, psf train arguments) of every `sbatch jobs/NAME ARGS` example in the templates and docs."""
+    texts = [read("jobs", name) for name in TEMPLATES] + [read(page) for page in DOC_PAGES]
     found = re.findall(r"^[#\s]*sbatch jobs/(\S+\.sbatch) +([^#\n]+)", "\n".join(texts), re.M)
     unique = dict.fromkeys((name, args.strip()) for name, args in found if not args.startswith("CONFIG"))
     return [(name, shlex.split(args)) for name, args in unique]
@@ -235,13 +240,14 @@ def runnable_here(overrides: List[str], data_root: str) -> List[str]:
     return local
 
 
-def test_every_config_the_templates_and_readme_name_exists():
-    files = [os.path.join("jobs", name) for name in TEMPLATES] + ["README.md", "hpc/psf-mpirun", "hpc/quickstart.sh"]
+def test_every_config_the_templates_and_docs_name_exists():
+    files = [os.path.join("jobs", name) for name in TEMPLATES] + DOC_PAGES + ["hpc/psf-mpirun", "hpc/quickstart.sh"]
     missing = []
     for path in files:
         for name in set(re.findall(r"[\w./-]+\.ya?ml\b", read(path))) - NOT_CONFIGS:
             where = name if "/" in name else os.path.join("configs", name)  # a bare name is a config
-            if not os.path.isfile(os.path.join(ROOT, where)):
+            beside = os.path.join(os.path.dirname(path), name)  # a page's link, relative to the page
+            if not os.path.isfile(os.path.join(ROOT, where)) and not os.path.isfile(os.path.join(ROOT, beside)):
                 missing.append(f"{path}: {name}")
     assert not missing, missing
 

@@ -37,7 +37,7 @@ LAYERS = (
     ("runtime",),
     ("settings",),
     ("schemes", "doctor"),
-    ("api", "launch", "report"),
+    ("api", "launch", "report", "config_reference"),
     ("sweep", "bench", ""),
     ("cli",),
     ("__main__",),
@@ -108,12 +108,13 @@ def test_the_registry_lists_every_scheme_with_loadable_sides():
             assert callable(scheme.load(scheme.byte_model))
 
 
-def test_the_readme_example_scheme_is_the_tested_one():
-    readme = source(os.path.join(ROOT, "README.md"))
-    section = readme.split("## Adding a scheme", 1)[1]
+def test_the_documented_example_scheme_is_the_tested_one():
+    page = source(os.path.join(ROOT, "docs", "adding-a-scheme.md"))
+    section = page.split("# Adding a scheme", 1)[1]
     example = section.split("```python", 1)[1].split("```", 1)[0]
+    assert "register(Scheme(" in example and "class AverageServer(ServerSide)" in example
     toy = {line.strip() for line in source(os.path.join(ROOT, "tests", "mpi", "toy_scheme.py")).splitlines()}
     shown = [line.split("  #")[0].strip() for line in example.splitlines()]
     missing = [line for line in shown if line and line != "..." and not line.startswith(("...", "#"))
                and line not in toy]
-    assert not missing, f"README lines not in tests/mpi/toy_scheme.py: {missing}"
+    assert not missing, f"docs/adding-a-scheme.md lines not in tests/mpi/toy_scheme.py: {missing}"

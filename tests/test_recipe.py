@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpiutil import describe, run_psf
 from test_any_model import assert_same_run
+from test_any_model import run as run_any
 from psframework.cli import main
 from psframework.data import load_dataset
 from psframework.data.augment import CropFlip
@@ -43,13 +43,7 @@ SCHEMES = {  # ranks and settings; "rotate" decodes every round from another k-s
 
 def run(tmp_path, ranks, overrides, name="run"):
     """Train under mpiexec (or in this process for one rank); return the run directory."""
-    args = ["train", CONFIG, f"name={name}", f"output.dir={tmp_path}", *COMMON, *overrides]
-    if ranks == 1:
-        assert main(args) == 0
-    else:
-        proc = run_psf(ranks, args, timeout=300)
-        assert proc.returncode == 0, describe(proc)
-    return tmp_path / name
+    return run_any(tmp_path, CONFIG, ranks, [*COMMON, *overrides], name)
 
 
 def rows(run_dir):

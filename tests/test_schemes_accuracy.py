@@ -1,4 +1,4 @@
-"""The shipped digits configs train to the accuracy the README promises, under mpiexec as users run them."""
+"""The shipped digits configs train to the accuracy the docs promise, under mpiexec as users run them."""
 
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def test_measured_bytes_match_the_analytic_count(tmp_path, overrides):
     assert json.loads((run_dir / "summary.json").read_text())["membership"] == []  # no straggler, no detach
 
 
-# A scheme added from outside the package (tests/mpi/toy_scheme.py, the README's "Adding a scheme"):
+# A scheme added from outside the package (tests/mpi/toy_scheme.py, docs/adding-a-scheme.md):
 # it registers itself and trains through the same driver and round layer as the built-in schemes.
 @pytest.mark.mpi
 @pytest.mark.timeout(300)

@@ -51,6 +51,14 @@ def count_lines(path) -> int:
         return 0
 
 
+def preempt(job: str, out, marker: str, count: int, deadline: float) -> None:
+    """Send the job the preemption signal; wait until its log holds `marker` `count` times."""
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    while out.read_text().count(marker) < count:
+        assert time.monotonic() < deadline, f"no {marker!r} after preemption {count}: {out.read_text()}"
+        time.sleep(0.05)
+
+
 @pytest.mark.timeout(900)
 def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uninterrupted_run(tmp_path):
     """Five preemptions in a row: each one checkpoints, the job is requeued once its step has ended,
@@ -76,10 +84,7 @@ def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uni
         restarts.append(time.monotonic() - requeued)
         if cut == REQUEUES:
             break
-        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-        while out.read_text().count("psf: requeued Slurm job") < cut + 1:
-            assert time.monotonic() < deadline + 120, f"no requeue after preemption {cut + 1}: {out.read_text()}"
-            time.sleep(0.05)
+        preempt(job, out, "psf: requeued Slurm job", cut + 1, deadline + 120)
         trained = count_lines(partial)
     record, = wait_for(job, 400)
     log = out.read_text()
@@ -106,14 +111,11 @@ def test_a_job_preempted_once_more_than_max_requeues_allows_checkpoints_and_stop
     trained = 0
     for cut in range(2):
         deadline = time.monotonic() + (200 if cut == 0 else 90)
-        while count_lines(partial) < trained + 10:
+        while count_lines(partial) < trained + 10:  # the run has started and trains
             log = out.read_text() if out.exists() else ""
             assert time.monotonic() < deadline, f"run {cut + 1} did not train: {log}"
             time.sleep(0.05)
-        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-        while out.read_text().count("psf: preempted by SIGUSR2") < cut + 1:
-            assert time.monotonic() < deadline + 120, f"no stop after preemption {cut + 1}: {out.read_text()}"
-            time.sleep(0.05)
+        preempt(job, out, "psf: preempted by SIGUSR2", cut + 1, deadline + 120)
         trained = count_lines(partial)
     record, = wait_for(job, 200)
     log = out.read_text()
