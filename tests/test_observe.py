@@ -73,10 +73,11 @@ def test_tensorboard_without_its_package_is_one_line(monkeypatch, tmp_path, caps
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_the_timeline_holds_every_rank_its_waits_and_a_frozen_worker_as_a_gap(tmp_path):
-    """Rank 2 is stopped (SIGSTOP) for 1 s at a time: its row of compute spans has gaps that long, the
-    others' do not; rank 0's wait spans of the recorded steps add up to the metrics' wait_s."""
+    """Rank 2 is stopped (SIGSTOP) for 1 s in every 2.5 s: its row of compute spans has gaps that long, the
+    others' do not; rank 0's wait spans of the recorded steps add up to the metrics' wait_s. The ring of 300
+    iterations spans several seconds, so it holds at least one freeze."""
     args = ["train", os.path.join(ROOT, "configs", "digits_sazd.yaml"), f"output.dir={tmp_path}", "name=traced",
-            "output.progress=off", "output.trace=true", "output.trace_iterations=150", "train.epochs=4",
+            "output.progress=off", "output.trace=true", "output.trace_iterations=300", "train.epochs=12",
             "stragglers.model=freeze", "stragglers.ranks=[2]", "stragglers.pause_s=1.0", "stragglers.duty=0.4",
             "comm.timeout_s=30"]
     proc = run_psf(5, args, timeout=250)
@@ -88,7 +89,7 @@ def test_the_timeline_holds_every_rank_its_waits_and_a_frozen_worker_as_a_gap(tm
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names[0] == "rank 0 (server)" and names[3] == "rank 3 (worker)"
     recorded = {e["args"]["iteration"] for e in spans}
-    assert len(recorded) == 150 and max(recorded) == 176  # the ring of the newest 150 iterations
+    assert len(recorded) == 300 and max(recorded) == 528  # the ring of the newest 300 iterations
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     wait = sum(r["wait_s"] for r in rows if r["iteration"] in recorded)
     traced = sum(e["dur"] for e in spans if e["pid"] == 0 and e["cat"] == "wait" and e["args"]["phase"] == "step")
@@ -100,3 +101,8 @@ def test_the_timeline_holds_every_rank_its_waits_and_a_frozen_worker_as_a_gap(tm
 
     assert longest_gap(2) >= 0.8, longest_gap(2)
     assert longest_gap(1) < 0.5 and longest_gap(3) < 0.5, (longest_gap(1), longest_gap(3))
+    from psframework.cli import main
+
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"]({run_dir / 'trace.json'})" in report and "## Timelines" in report

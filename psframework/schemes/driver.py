@@ -64,7 +64,7 @@ class Schedule:
         """Return whether rank 0 needs the current model after this iteration."""
         return self.evaluates(iteration) or self.checkpoints(iteration) or self.verifies(iteration)
 
-    def steps(self, iteration: int) -> bool:
+    def ends_step(self, iteration: int) -> bool:
         """Return whether the optimizers step after this iteration (the last micro-batch of an optimizer step)."""
         return iteration % self.accumulate == 0
 

@@ -217,7 +217,7 @@ class CodedWorkerSide(CodedWorkerBase):
         """Queue a backward command's update (every one, in order, even when the reply was skipped)."""
         if command.phase != Phase.BACKWARD:
             return
-        steps = self.schedule.steps(iteration)
+        steps = self.schedule.ends_step(iteration)
         self.worker.update(command.layer, x, coded=self.coded_packet(command),
                            lr_factor=self.schedule.lr_factor(iteration), steps=steps, iteration=iteration)
         if steps and self.worker.scaled and iteration not in self.awaiting:
