@@ -79,10 +79,6 @@ class TensorBoardSink:
         for tag, value in row_scalars(row).items():
             self.writer.add_scalar(tag, value, global_step=row["iteration"])
 
-    def flush(self) -> None:
-        """Write what is buffered to the event file."""
-        self.writer.flush()
-
     def close(self) -> None:
         """Flush and close the event file."""
         self.writer.close()

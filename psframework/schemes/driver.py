@@ -8,6 +8,7 @@ worker always knows which iteration, synchronisation or stop comes next.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -373,10 +374,8 @@ def prune_checkpoints(run_dir: str, keep: int) -> None:
     """Delete all but the newest `keep` periodic checkpoints; called once the newest is whole on disk (each is
     written to a temporary name and renamed), so a kill at any moment leaves a loadable one."""
     for iteration in periodic_checkpoints(run_dir)[:-keep]:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # removed already by an earlier pruning
             os.remove(os.path.join(run_dir, f"checkpoint-{iteration}.pt"))
-        except FileNotFoundError:
-            pass  # removed already (a second pruning of the same run directory)
 
 
 def periodic_checkpoints(run_dir: str) -> List[int]:
