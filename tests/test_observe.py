@@ -10,6 +10,7 @@ import pytest
 
 from mpiutil import describe, run_psf
 from test_preempt import interrupt
+from psframework.comm.timeline import Span, Timeline, newest_of_job, trace_events
 from psframework.metrics import row_scalars, scalar_tag
 from psframework.runtime.preempt import EXIT_PREEMPTED
 
@@ -32,6 +33,35 @@ def test_the_tags_of_a_row_name_what_they_hold():
                                 "comm/bytes_sent": 10.0, "test/accuracy": 0.9, "workers/live": 4.0,
                                 "workers/used": 4.0}
     assert scalar_tag("iteration") is None and scalar_tag("decode_s") == "time/decode_s"
+
+
+def recorded_iterations(timeline: Timeline, iterations) -> list:
+    """Record one compute span in each of `iterations`; return the iterations the timeline keeps."""
+    for i in iterations:
+        timeline.begin(i)
+        timeline.add("compute", "compute", 0.0, 0.001)
+    return [s.iteration for s in timeline.spans]
+
+
+def test_the_ring_keeps_the_newest_iterations_and_the_window_its_own():
+    ring, window, off = Timeline(), Timeline(), Timeline()
+    ring.configure(True, keep=3)
+    window.configure(True, keep=3, window=(4, 6))
+    assert recorded_iterations(ring, range(1, 11)) == [8, 9, 10]
+    assert recorded_iterations(window, range(1, 11)) == [4, 5, 6]
+    assert recorded_iterations(off, range(1, 11)) == [] and off.span("send") is off.span("wait")
+
+
+def test_the_job_keeps_its_newest_iterations_though_a_rank_stopped_early():
+    """A worker detached at iteration 6 still holds 2..6 in its own ring of 5; the job's ring is 6..10."""
+    def spans(first, last):
+        return [Span(i, "step", "compute", "compute", float(i), 0.001) for i in range(first, last + 1)]
+
+    kept = newest_of_job([spans(6, 10), spans(2, 6), []], keep=5)
+    assert [[s.iteration for s in rank] for rank in kept] == [[6, 7, 8, 9, 10], [6], []]
+    events = trace_events(kept, ["rank 0 (server)", "rank 1 (worker)", "rank 2 (worker)"])
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
+    assert {e["args"]["iteration"] for e in events if e["ph"] == "X"} == {6, 7, 8, 9, 10}
 
 
 @pytest.mark.mpi

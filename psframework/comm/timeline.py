@@ -91,6 +91,16 @@ class Timeline:
 TIMELINE = Timeline()
 
 
+def newest_of_job(spans_per_rank: Sequence[Sequence[Span]], keep: int) -> List[List[Span]]:
+    """Keep only the spans of the job's newest `keep` iterations.
+
+    Each rank's ring follows its own iterations: a worker detached before the end, or one that skipped
+    stale work, stopped earlier and still holds iterations the job's ring has already dropped.
+    """
+    last = max((s.iteration for spans in spans_per_rank for s in spans), default=0)
+    return [[s for s in spans if s.iteration > last - keep] for spans in spans_per_rank]
+
+
 def trace_events(spans_per_rank: Sequence[Sequence[Span]], names: Sequence[str]) -> List[Dict[str, Any]]:
     """Return Chrome trace events: metadata naming each rank's process and activity threads, then the spans."""
     events: List[Dict[str, Any]] = []

@@ -46,18 +46,21 @@ def train(settings: Settings, comm: Any = None) -> Optional[Dict[str, Any]]:
 
 def write_trace(settings: Settings, comm: Any) -> None:
     """Gather every rank's timeline on rank 0 and write trace.json (atomically) into the run directory."""
-    from psframework.comm.timeline import TIMELINE, trace_json
+    from psframework.comm.timeline import TIMELINE, newest_of_job, trace_json
     from psframework.fileio import atomic_write_text
 
-    if not settings.run.trace:
+    run = settings.run
+    if not run.trace:
         return
     spans = list(TIMELINE.spans)
     every = [spans] if comm is None else comm.gather(spans, root=0)
     if every is None:
         return
-    servers = settings.run.servers if get_scheme(settings.run.scheme).mpi else len(every)
+    if run.trace_window is None:
+        every = newest_of_job(every, run.trace_iterations)
+    servers = run.servers if get_scheme(run.scheme).mpi else len(every)
     names = [f"rank {r} ({'server' if r % (len(every) // servers) == 0 else 'worker'})" for r in range(len(every))]
-    atomic_write_text(os.path.join(settings.run.run_dir, "trace.json"), trace_json(every, names))
+    atomic_write_text(os.path.join(run.run_dir, "trace.json"), trace_json(every, names))
 
 
 def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, Any]]:
