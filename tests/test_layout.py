@@ -38,6 +38,7 @@ LAYERS = (
     ("settings",),
     ("schemes", "doctor"),
     ("api", "launch", "report", "config_reference"),
+    ("netcluster",),
     ("sweep", "bench", ""),
     ("cli",),
     ("__main__",),

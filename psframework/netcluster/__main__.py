@@ -1,0 +1,7 @@
+"""python -m psframework.netcluster VERB ...: see psframework.netcluster.cli."""
+
+import sys
+
+from psframework.netcluster.cli import main
+
+sys.exit(main())

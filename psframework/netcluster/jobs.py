@@ -1,0 +1,83 @@
+"""Place MPI ranks on a cluster's hosts: rank r on host r mod N, every pair of ranks on the network.
+
+One mpiexec starts the job (MPMD: one segment per rank), and each rank is started inside its host's
+namespace with a host name of its own (a UTS namespace), so `hostname` and summary.json tell the hosts
+apart. Ranks on different hosts share no network path but their cables; MPI's shared-memory path,
+which would join them through the machine's /dev/shm, is turned off: MPICH talks over UCX's TCP
+transport on each host's interface (MPIR_CVAR_NOLOCAL=1), Open MPI over its TCP BTL. The interfaces'
+byte counters, read before and after a job, show what crossed each host's link.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from psframework import environment
+from psframework.launch import is_open_mpi, mpiexec_path
+from psframework.netcluster.hosts import DEVICE, Cluster, counters
+
+MPICH_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
+                 "UCX_NET_DEVICES": DEVICE}
+OPEN_MPI_NETWORK = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", DEVICE]
+
+
+def host_of(rank: int, cluster: Cluster) -> int:
+    """Return the host rank `rank` runs on."""
+    return rank % cluster.hosts
+
+
+def enter_host(cluster: Cluster, host: int) -> List[str]:
+    """Return the command prefix that runs a program on host `host`: its namespace and host name."""
+    return ["ip", "netns", "exec", cluster.namespace(host), "unshare", "--uts", "sh", "-c",
+            'hostname "$0" && exec "$@"', cluster.hostname(host)]
+
+
+def network_environment(mpiexec: str) -> Dict[str, str]:
+    """Return the variables that put every pair of ranks on the hosts' interfaces."""
+    return {} if is_open_mpi(mpiexec) else dict(MPICH_NETWORK)
+
+
+def job_command(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s: Optional[float] = None,
+                env: Optional[Mapping[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """Return (argv, environment) of an MPI job of `ranks` ranks, each running `program` on its host."""
+    mpiexec = mpiexec_path()
+    argv: List[str] = [mpiexec]
+    full_env = environment.child_environment()
+    if is_open_mpi(mpiexec):
+        argv += ["--oversubscribe", *OPEN_MPI_NETWORK]
+        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    full_env.update(network_environment(mpiexec))
+    if timeout_s is not None:
+        full_env["MPIEXEC_TIMEOUT"] = str(max(1, int(timeout_s)))
+    full_env.update(env or {})
+    for rank in range(ranks):
+        if rank:
+            argv.append(":")
+        argv += ["-n", "1", *enter_host(cluster, host_of(rank, cluster)), *program]
+    return argv, full_env
+
+
+def psf_program(psf_args: Sequence[str]) -> List[str]:
+    """Return the program of a psf job: python -m mpi4py -m psframework ARGS (an error on a rank ends the job)."""
+    return [sys.executable, "-m", "mpi4py", "-m", "psframework", *psf_args]
+
+
+def traffic(before: List[Dict[str, int]], after: List[Dict[str, int]]) -> List[Dict[str, int]]:
+    """Return the bytes each host's interface sent and received between two counter readings."""
+    return [{key: a[key] - b[key] for key in a} for b, a in zip(before, after)]
+
+
+def run_job(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s: Optional[float] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            capture: bool = False) -> Tuple[subprocess.CompletedProcess, List[Dict[str, int]]]:
+    """Run a job on the cluster; return it and the bytes each host's link carried meanwhile."""
+    argv, full_env = job_command(cluster, ranks, program, timeout_s, env)
+    before = counters(cluster)
+    limit = None if timeout_s is None else timeout_s + 30
+    done = subprocess.run(argv, env=full_env, cwd=cwd or os.getcwd(), capture_output=capture, text=True,
+                          timeout=limit)
+    return done, traffic(before, counters(cluster))
