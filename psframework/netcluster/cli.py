@@ -39,8 +39,8 @@ def shape_of(args: argparse.Namespace, base: LinkShape) -> Optional[LinkShape]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     shape = shape_of(args, LinkShape()) or LinkShape()
-    say(f"making cluster {args.name}: {args.hosts} hosts, each link {shape.describe()}")
     cluster = hosts.up(args.name, args.hosts, shape, args.watch_pid)
+    say(f"cluster {args.name}: {args.hosts} hosts, each link {shape.describe()}")
     for host in range(cluster.hosts):
         say(f"host {host}: namespace {cluster.namespace(host)}, address {hosts.host_address(host)}")
     say(f"up; remove it with: hpc/netcluster down --name {args.name}")
