@@ -32,3 +32,13 @@ def _pools_end_with_their_module():
     from mpiutil import close_pools
 
     close_pools()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run if a test left any of its clusters of hosts behind (namespaces, files); remove them."""
+    from netclusterutil import leftovers_of_this_run
+
+    left = leftovers_of_this_run()
+    if left:
+        print(f"\nconftest: clusters of hosts left behind by the tests (now removed): {left}", file=sys.stderr)
+        session.exitstatus = 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 from typing import Iterator, Optional, Sequence
@@ -31,9 +32,13 @@ def netcluster(*args: str, timeout: float = 120.0) -> subprocess.CompletedProces
     return subprocess.run([NETCLUSTER, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _prefix() -> str:
+    return f"t{os.getpid() % 100000}x"
+
+
 def unique_name() -> str:
     """Return a cluster name no other test process uses: 't', this process's id, a counter."""
-    return f"t{os.getpid() % 100000}x{next(_names)}"
+    return f"{_prefix()}{next(_names)}"
 
 
 def require_namespaces() -> None:
@@ -63,3 +68,15 @@ def leftovers(name: str) -> Sequence[str]:
     if os.path.exists(hosts.state_dir(name)):
         left.append(hosts.state_dir(name))
     return left
+
+
+def leftovers_of_this_run() -> Sequence[str]:
+    """Return the names of this test process's clusters that still exist, after removing them."""
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("ip"):
+        return []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = {line.split()[0].rsplit("-", 1)[0] for line in out.splitlines() if line.startswith(_prefix())}
+    names |= {name for name in hosts.clusters() if name.startswith(_prefix())}
+    for name in names:
+        hosts.down(name)
+    return sorted(names)
