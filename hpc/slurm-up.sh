@@ -80,7 +80,8 @@ chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key
 if ! pgrep -x munged >/dev/null; then
     runuser -u munge -- munged || { say "munged did not start"; exit 1; }
 fi
-pkill -x slurmctld; pkill -x slurmd; sleep 1
+# Only this machine's own daemons: a cluster of hosts' Slurm (hpc/netcluster slurm) runs in its namespaces.
+pkill -x slurmctld --ns $$ --nslist net; pkill -x slurmd --ns $$ --nslist net; sleep 1
 slurmctld -c || { say "slurmctld did not start (see /var/log/slurm/slurmctld.log)"; exit 1; }
 slurmd -c || { say "slurmd did not start (see /var/log/slurm/slurmd.log)"; exit 1; }
 for _ in $(seq 60); do

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_scheme_matches_reference(tmp_path, references, scheme, setting):
     assert max(abs(a - b) for a, b in zip(our_losses, ref_losses)) < 1e-4
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["scheme"] == scheme and summary["world_size"] == 5 and summary["backup_workers"] == 0
+    assert summary["hosts"] == [socket.gethostname()] * 5  # every rank's host, by rank
     batch = 30 if "data.batch_size=30" in setting else 32
     for row in rows(run_dir):
         assert row["used"] == [1, 2, 3, 4]

@@ -1,4 +1,4 @@
-"""The command line of hpc/netcluster: up, run, link, pingpong, status, down and the Slurm verbs."""
+"""The command line of hpc/netcluster: up, run, link, pingpong, status, down, and slurm with the Slurm commands."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from psframework.cliparse import EXIT_USAGE, Parser
 from psframework.fileio import atomic_write_json
-from psframework.netcluster import hosts, jobs
+from psframework.netcluster import hosts, jobs, slurm
 from psframework.netcluster.hosts import Cluster, ClusterError, Unavailable
 from psframework.netcluster.shaping import LinkShape, ShapeError, format_rate, format_time
 
@@ -130,6 +130,40 @@ def cmd_pingpong(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_slurm(args: argparse.Namespace) -> int:
+    cluster = Cluster.load(args.name)
+    slurm.require_slurm(say)
+    say(f"starting Slurm on cluster {cluster.name}: slurmctld on {cluster.switch} ({hosts.SWITCH_ADDRESS}), "
+        f"a slurmd on each of its {cluster.hosts} hosts")
+    slurm.start(cluster, args.cpus)
+    say(f"Slurm is up: nodes {cluster.hostname(0)}..{cluster.hostname(cluster.hosts - 1)}, {args.cpus} CPUs "
+        f"each, partition {cluster.name}; files in {slurm.slurm_dir(cluster)}")
+    say(f"submit with: hpc/netcluster sbatch --name {cluster.name} --nodes={cluster.hosts} jobs/multi-node.sbatch "
+        "CONFIG")
+    return 0
+
+
+def cmd_slurm_command(args: argparse.Namespace) -> int:
+    cluster = Cluster.load(args.name)
+    return slurm.run_command(cluster, args.verb, args.args, timeout_s=None).returncode
+
+
+def slurm_command_args(argv: Sequence[str]) -> Optional[argparse.Namespace]:
+    """Return a Slurm command verb's cluster name and arguments, or None for other verbs.
+
+    Its arguments go to the Slurm command untouched (sbatch's own options among them), so only a
+    leading --name is read here.
+    """
+    if not argv or argv[0] not in slurm.COMMANDS:
+        return None
+    rest, name = list(argv[1:]), DEFAULT_NAME
+    if rest[:1] == ["--name"] and len(rest) > 1:
+        name, rest = rest[1], rest[2:]
+    elif rest[:1] and rest[0].startswith("--name="):
+        name, rest = rest[0].split("=", 1)[1], rest[1:]
+    return argparse.Namespace(verb=argv[0], name=name, args=rest, handler=cmd_slurm_command)
+
+
 def cmd_reap(args: argparse.Namespace) -> int:
     hosts.reap(args.name, args.pid)
     return 0
@@ -172,6 +206,13 @@ def build_parser() -> Parser:
     pingpong.add_argument("--repeats", type=int, default=5)
     pingpong.add_argument("--timeout", type=float, default=300)
     pingpong.add_argument("--json", action="store_true")
+    slurm_verb = verb("slurm", cmd_slurm, "start a Slurm whose nodes are the cluster's hosts (down removes it)")
+    slurm_verb.add_argument("--cpus", type=int, default=slurm.DEFAULT_CPUS,
+                            help=f"CPUs each node declares (default {slurm.DEFAULT_CPUS})")
+    for name in slurm.COMMANDS:
+        command = verb(name, cmd_slurm_command, f"run {name} against the cluster's Slurm: hpc/netcluster {name} "
+                                                f"[--name NAME] {name.upper()}-ARGS")
+        command.add_argument("args", nargs=argparse.REMAINDER, help=f"{name}'s own arguments")
     reap = verb("reap", cmd_reap, argparse.SUPPRESS)
     reap.add_argument("--pid", type=int, required=True)
     return parser
@@ -179,7 +220,8 @@ def build_parser() -> Parser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one verb; exit 0, 2 on a bad request, 3 where no cluster can be made, or the job's status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = slurm_command_args(argv) or build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except Unavailable as exc:

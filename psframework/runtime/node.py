@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class Node:
     across: Optional[Peers] = None  # with several groups: this rank's peers across groups (servers, or packet j)
     all_workers: Optional[Peers] = None  # with several groups, on workers: every worker of the job
     shards: List[Tuple[Roles, Transport]] = field(default_factory=list)  # parameter shards: (roles, transport)
+    hosts: List[str] = field(default_factory=list)  # on rank 0: every rank's host name, by world rank
 
     def wants_progress_thread(self) -> bool:
         """Return whether this rank runs a progress thread: `comm.progress_thread`, `auto` when the node
@@ -117,6 +119,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     if worker_peers is not None:
         worker_peers.job_ranks = [roles.job_ranks[r] for r in roles.workers]
     node = Node(roles, world, worker_peers, settings, plan, chosen, note)
+    node.hosts = roles.world.gather(socket.gethostname(), root=0) or []  # where each rank ran, for the summary
     if groups > 1:
         node.across, node.all_workers = across_groups(roles, settings.timeout_s, poll_sleep_s, world.send_hook)
     if groups > 1 and shards:

@@ -93,7 +93,7 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
         _agree_or_close(comm, outcome, opening)
         from psframework.schemes.driver import run_server
 
-        return run_server(settings, side, opening, node.roles.world.Get_size())
+        return run_server(settings, side, opening, node.roles.world.Get_size(), node.hosts)
     side, outcome = attempt(lambda: topology.side(settings, topology.link))
     agree(comm, outcome)
     _run_worker(settings, side, node)

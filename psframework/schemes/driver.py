@@ -14,7 +14,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -239,8 +239,12 @@ def resume(side: ServerSide, checkpoint: Any) -> None:
     side.load_state_dict(checkpoint.state)
 
 
-def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: int = 1) -> Dict[str, Any]:
-    """Train as rank 0 (or the single process); write the run directory and return the summary."""
+def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: int = 1,
+               hosts: Sequence[str] = ()) -> Dict[str, Any]:
+    """Train as rank 0 (or the single process); write the run directory and return the summary.
+
+    `hosts`: every rank's host name by world rank (MPI schemes), recorded in the summary.
+    """
     problem, run = side.problem, settings.run
     num_train = len(problem.dataset.train)
     schedule = make_schedule(settings, num_train, share_start(side, opening))
@@ -275,7 +279,7 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
         if step.last and side.group.stop and step.iteration < schedule.total:
             stop_early(settings, side, schedule, step.iteration, recorder)
     problem.dataset.close()  # stops a streamed dataset's loader processes
-    fields = summary_fields(settings, side, schedule, recorder, world_size, final)
+    fields = summary_fields(settings, side, schedule, recorder, world_size, final, hosts)
     if not side.lead:
         return None
     summary = recorder.finish({**fields, "resume_forced": opening.forced} if opening.forced else fields)
@@ -386,7 +390,7 @@ def periodic_checkpoints(run_dir: str) -> List[int]:
 
 
 def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, recorder: RunRecorder,
-                   world_size: int, final: Dict[str, Any]) -> Dict[str, Any]:
+                   world_size: int, final: Dict[str, Any], hosts: Sequence[str] = ()) -> Dict[str, Any]:
     """Return the summary: what every scheme reports, then the scheme's own fields."""
     code = settings.code
     fields = {"scheme": settings.run.scheme, "name": settings.run.name, "model": settings.model.name,
@@ -394,6 +398,8 @@ def summary_fields(settings: Settings, side: ServerSide, schedule: Schedule, rec
               "n": code.n if world_size > 1 else None, "k": code.k if code.kind else None,
               "iterations": schedule.total, "start_iteration": schedule.start, **final,
               "mean_iteration_s": recorder.mean("iteration_s", skip=1)}
+    if hosts:
+        fields["hosts"] = list(hosts)
     fields.update(side.finish())
     if side.link is not None:
         fields.update(side.link.finish(recorder, schedule.total))
