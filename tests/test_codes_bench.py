@@ -19,8 +19,8 @@ from psframework.bench import report as rep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
 REPORTS = {"codec.json": codec.render, "one-thread/codec.json": codec.render, "comm.json": comm.render,
-           "peers.json": peers.render, "scaleout.json": scaleout.render, "schemes.json": schemes.render,
-           "stragglers.json": stragglers.render}
+           "peers.json": peers.render, "netcluster/peers.json": peers.render, "scaleout.json": scaleout.render,
+           "schemes.json": schemes.render, "stragglers.json": stragglers.render}
 
 
 def block(**entries) -> dict:

@@ -7,7 +7,8 @@ Run under mpiexec with one process per worker (code.n of the config), as a new u
 Every process builds the config's model from the same seed, takes its contiguous shard of each global
 batch in the config's data order (as `ps` workers do) and steps SGD after DDP has averaged the
 gradients: gloo on the CPU, NCCL on GPUs. MPI only starts the processes and tells rank 0's address;
-DDP's traffic is its own. With `comm.emulate.bandwidth_gbps` every gradient bucket's allreduce also
+DDP's traffic is its own (MASTER_ADDR, when set, is rank 0's address; GLOO_SOCKET_IFNAME picks gloo's
+interface). With `comm.emulate.bandwidth_gbps` every gradient bucket's allreduce also
 waits, on the process's emulated link, for the bytes a ring allreduce sends per process
 (2 (N - 1) / N of the bucket), while the backward pass goes on. Rank 0 writes RUN_DIR/metrics.jsonl
 as it goes and RUN_DIR/summary.json at the end (the fields psf bench reads of a psframework run).
@@ -26,9 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from psframework import environment
 from psframework.fileio import atomic_write_json
 
 DDP_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+MASTER_ADDR = "MASTER_ADDR"  # rank 0's address for the rendezvous, where its host name does not resolve
 
 
 def ring_bytes(nbytes: int, world: int) -> int:
@@ -55,13 +58,14 @@ def emulated_allreduce(link: Any, world: int) -> Any:
 
 
 def rendezvous(comm: Any) -> str:
-    """Return a TCP address on rank 0 for torch.distributed, agreed among the MPI ranks."""
+    """Return a TCP address on rank 0 for torch.distributed, agreed among the MPI ranks (MASTER_ADDR if set)."""
     address = None
     if comm.Get_rank() == 0:
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
-        host = socket.gethostname() if comm.Get_size() > 1 else "127.0.0.1"
+        # MASTER_ADDR: rank 0's address where its host name resolves to none (hosts of hpc/netcluster)
+        host = environment.get(MASTER_ADDR) or (socket.gethostname() if comm.Get_size() > 1 else "127.0.0.1")
         address = f"tcp://{socket.gethostbyname(host)}:{port}"
     return comm.bcast(address, root=0)
 

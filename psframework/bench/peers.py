@@ -13,28 +13,42 @@ iteration summed over every rank, rank 0's bytes per iteration (sent + received;
 sends and receives in a ring allreduce), detached workers, and for psframework's undisturbed cases where
 rank 0's iteration goes (waiting for replies, decoding, encoding, posting, computing). Writes peers.json
 and peers.md.
+
+With --network netcluster the cases run on real links instead (psframework.bench.peers_net): across the
+hosts of a cluster the benchmark makes for itself, every link shaped by the kernel to the case's rate.
+Cases of the same n, link, network and straggler setting then run as DDP, case, DDP, case, ... in
+every pass, so that each case is compared with the DDP runs beside it (psframework.bench.peers_links
+renders that report), and --slow-link adds cases where one worker's link drops to a fraction of its
+rate half-way through the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from psframework.bench import expectations as expect
+from psframework.bench import peers_links as links_report
+from psframework.bench import peers_net
 from psframework.bench import report as rep
 from psframework.bench.cases import CaseFileError
 from psframework.bench.contenders import Contender, ContenderFile
 from psframework.bench.contenders import load as load_contenders
+from psframework.bench.peers_links import EMULATED, NETCLUSTER, NETWORKS, SLOW_LINK, link_words
+from psframework.bench.peers_net import BenchCluster
 from psframework.bench.runs import MIB, machine, setting, setting_text
 from psframework.launch import mpi_command
+from psframework.netcluster.hosts import UNAVAILABLE
 
 NAME = "peers"
 PROG = f"psf bench {NAME}"
@@ -55,6 +69,7 @@ class Case:
     n: int
     link: str
     straggler: str
+    network: str = EMULATED  # or NETCLUSTER: the link is a real one of the benchmark's cluster
 
     @property
     def ddp(self) -> bool:
@@ -78,19 +93,15 @@ class Case:
 
     def overrides(self) -> List[str]:
         """Return the config overrides of the case."""
-        link = (["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"] if self.link == "none" else
+        unemulated = self.link == "none" or self.network == NETCLUSTER  # a real link is shaped by the kernel
+        link = (["comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0"] if unemulated else
                 [f"comm.emulate.bandwidth_gbps={self.link}", f"comm.emulate.latency_us={LATENCY_US}"])
         return list(self.contender.overrides) + [f"code.n={self.n}", f"code.k={self.k}"] + link
 
     @property
     def label(self) -> str:
         """Return the case in words."""
-        return f"{self.contender.name}, n={self.n}, {link_words(self.link)}, {self.straggler}"
-
-
-def link_words(link: Optional[Any]) -> str:
-    """Return a link setting (Gb/s, or none) in words."""
-    return "no emulation" if link in (None, "none") else f"{float(link):g} Gb/s"
+        return f"{self.contender.name}, n={self.n}, {link_words(self.link, self.network)}, {self.straggler}"
 
 
 def link_gbps(link: str) -> Optional[float]:
@@ -110,6 +121,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--links", default=",".join(LINKS), help="comma-separated: none and link speeds in Gb/s "
                    "(default none,10,1)")
     p.add_argument("--stragglers", default=",".join(STRAGGLERS), help="comma-separated, of none, stop-go")
+    p.add_argument("--network", default=EMULATED, help=f"comma-separated, of {', '.join(NETWORKS)}: links emulated "
+                   "by comm.emulate on one host (default), and/or real links of a cluster of hosts the benchmark "
+                   "makes (root; 'none' is then an unshaped veth, a speed a tbf-shaped link)")
+    p.add_argument("--slow-link", default="", metavar="SCHEMES", help="netcluster: also run these contenders "
+                   "with one worker's link slowed half-way through the run (comma-separated)")
+    p.add_argument("--slow-link-at", default="10", metavar="GBPS", help="the link speed of the --slow-link cases "
+                   "(default 10)")
+    p.add_argument("--slow-fraction", type=float, default=0.01, help="the slowed link's share of its rate "
+                   "(default 0.01)")
+    p.add_argument("--pingpong-mib", type=int, default=64, help="netcluster: MiB of the large messages of each "
+                   "link's ping-pong (default 64)")
     p.add_argument("--iterations", type=int, default=30, help="iterations per case (default 30)")
     p.add_argument("--stop-s", type=float, default=0.4, help="stop-go: seconds stopped (default 0.4)")
     p.add_argument("--go-s", type=float, default=0.1, help="stop-go: seconds running (default 0.1)")
@@ -145,8 +167,31 @@ def plan(args: argparse.Namespace, contenders: ContenderFile) -> Union[List[Case
         return f"--iterations: got {args.iterations}, expected at least 3"
     if args.repeat < 1:
         return f"--repeat: got {args.repeat}, expected at least 1"
-    return [Case(contenders.named(s), n, link, straggler) for n in workers for link in links
-            for straggler in stragglers for s in schemes]
+    networks = [net for net in args.network.split(",") if net]
+    if not networks or any(net not in NETWORKS for net in networks) or len(set(networks)) < len(networks):
+        return f"--network: got {args.network!r}, expected a comma-separated list of {', '.join(NETWORKS)}"
+    slow = plan_real_links(args, names, networks)
+    if isinstance(slow, str):
+        return slow
+    return [Case(contenders.named(s), n, link, straggler, net) for n in workers for link in links
+            for net in networks for straggler in stragglers for s in schemes] + [
+        Case(contenders.named(s), n, args.slow_link_at, SLOW_LINK, NETCLUSTER) for n in workers for s in slow]
+
+
+def plan_real_links(args: argparse.Namespace, names: Sequence[str], networks: Sequence[str]) -> Union[List[str], str]:
+    """Return the contenders of the slow-link cases after checking the real-link options, or the error line."""
+    slow = [s for s in args.slow_link.split(",") if s]
+    if any(s not in names for s in slow):
+        return f"--slow-link: got {args.slow_link!r}, expected a comma-separated list of {', '.join(names)}"
+    if slow and NETCLUSTER not in networks:
+        return f"--slow-link: got {args.slow_link!r}, but only real links can be slowed: add --network {NETCLUSTER}"
+    if not _positive(args.slow_link_at):
+        return f"--slow-link-at: got {args.slow_link_at!r}, expected a link speed in Gb/s (> 0)"
+    if not 0 < args.slow_fraction < 1:
+        return f"--slow-fraction: got {args.slow_fraction}, expected a share of the rate between 0 and 1"
+    if args.pingpong_mib < 1:
+        return f"--pingpong-mib: got {args.pingpong_mib}, expected at least 1"
+    return slow
 
 
 def _positive(text: str) -> bool:
@@ -198,44 +243,82 @@ def metrics_path(run_dir: str) -> str:
     return partial if os.path.exists(partial) else os.path.join(run_dir, "metrics.jsonl")
 
 
-def run_case(case: Case, config: str, iterations: int, overrides: Sequence[str], out: str,
-             stop_go: Tuple[float, float], timeout_s: float) -> Dict[str, Any]:
-    """Train one case (stopping and letting go a worker in stop-go); return its figures."""
-    from psframework.runtime.stragglers import Freezer, StragglerSpec
+@dataclass(frozen=True)
+class RunOptions:
+    """What every case of one benchmark run shares."""
 
+    config: str
+    iterations: int
+    overrides: Tuple[str, ...]
+    stop_go: Tuple[float, float]  # seconds stopped, seconds running
+    timeout_s: float
+    slow_fraction: float = 0.01
+    pingpong_bytes: int = 64 << 20  # the large message of each real link's ping-pong
+
+
+def run_case(case: Case, opts: RunOptions, out: str, net: Optional[BenchCluster] = None) -> Dict[str, Any]:
+    """Train one case (on the cluster's hosts for a real link; disturbing a worker if asked); return its figures."""
     run_dir = os.path.join(out, case.label.replace(" ", "").replace(",", "_").replace("/", "_"))
     shutil.rmtree(run_dir, ignore_errors=True)  # an old run's metrics would start the stop-go before this run does
-    common = [f"train.max_iterations={iterations}", "train.epochs=1000", f"train.eval_every={iterations}",
-              "output.progress=off"] + case.overrides() + list(overrides)
+    common = [f"train.max_iterations={opts.iterations}", "train.epochs=1000", f"train.eval_every={opts.iterations}",
+              "output.progress=off"] + case.overrides() + list(opts.overrides)
     if case.ddp:
-        args = ["-m", "psframework.bench.ddp", config, run_dir] + common
+        args = ["-m", "psframework.bench.ddp", opts.config, run_dir] + common
     else:
-        args = ["-m", "psframework", "train", config, f"name={os.path.basename(run_dir)}", f"output.dir={out}",
+        args = ["-m", "psframework", "train", opts.config, f"name={os.path.basename(run_dir)}", f"output.dir={out}",
                 "output.overwrite=true"] + common
     marker = uuid.uuid4().hex
-    argv, env = mpi_command(case.ranks, args, timeout_s=timeout_s, env={"PSF_BENCH_JOB": marker})
-    print(f"{PROG}: {case.label}: mpiexec -n {case.ranks} python -m mpi4py {' '.join(args)}", flush=True)
+    real = case.network == NETCLUSTER and net is not None
+    if real:
+        net.shape(case.link)
+        argv, env = net.command(case.ranks, args, opts.timeout_s, {"PSF_BENCH_JOB": marker}, case.ddp)
+    else:
+        argv, env = mpi_command(case.ranks, args, timeout_s=opts.timeout_s, env={"PSF_BENCH_JOB": marker})
+    where = f" on {case.ranks} hosts" if real else ""
+    print(f"{PROG}: {case.label}: mpiexec -n {case.ranks} python -m mpi4py {' '.join(args)}{where}", flush=True)
+    counted = net.counters() if real else None
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    freezer, frozen_after = None, 1
+    undo, after = None, 1
     try:
-        if case.straggler == "stop-go":
-            frozen_after = _await_rows(proc, run_dir, 1, timeout_s)
-            pid = job_pid(marker, case.stopped_rank, 10.0)
-            if pid is not None and proc.poll() is None:
-                freezer = Freezer(StragglerSpec("freeze", (case.stopped_rank,), pause_s=stop_go[0],
-                                                duty=stop_go[0] / sum(stop_go)), pid=pid)
-        code = proc.wait(timeout=timeout_s + 30)
+        undo, after = disturb(case, proc, run_dir, marker, opts, net)
+        code = proc.wait(timeout=opts.timeout_s + 30)
     finally:
-        if freezer is not None:
-            freezer.stop()
+        if undo is not None:
+            undo()
         if proc.poll() is None:
             proc.kill()
     log.seek(0)
     if code != 0:
         tail = log.read().strip().splitlines()[-5:]
         raise RuntimeError(f"case {case.label!r} failed with exit status {code}: {' | '.join(tail)}")
-    return figures(case, run_dir, frozen_after)
+    done = figures(case, run_dir, after)
+    if real and counted is not None:
+        done.update(links_report.link_figures(counted, net.counters(), opts.iterations))
+    return done
+
+
+def disturb(case: Case, proc: subprocess.Popen, run_dir: str, marker: str, opts: RunOptions,
+            net: Optional[BenchCluster]) -> Tuple[Optional[Callable[[], None]], int]:
+    """Start the case's disturbance once its run is far enough; return (what ends it, rows written before it)."""
+    from psframework.runtime.stragglers import Freezer, StragglerSpec
+
+    if case.straggler == "stop-go":
+        after = _await_rows(proc, run_dir, 1, opts.timeout_s)
+        pid = job_pid(marker, case.stopped_rank, 10.0)
+        if pid is None or proc.poll() is not None:
+            return None, after
+        stop_s, go_s = opts.stop_go
+        freezer = Freezer(StragglerSpec("freeze", (case.stopped_rank,), pause_s=stop_s, duty=stop_s / (stop_s + go_s)),
+                          pid=pid)
+        return freezer.stop, after
+    if case.straggler == SLOW_LINK and net is not None:
+        # Half-way, so that the run times itself before and after the fault under the same load.
+        _await_rows(proc, run_dir, max(2, opts.iterations // 2), opts.timeout_s)
+        host = net.slow(case.stopped_rank, opts.slow_fraction)
+        # Iterations that ended while the link was being reshaped count as before the fault.
+        return (lambda: net.mend(host)), max(2, len(rows_of(metrics_path(run_dir))))
+    return None, 1
 
 
 def _await_rows(proc: subprocess.Popen, run_dir: str, count: int, timeout_s: float) -> int:
@@ -268,7 +351,9 @@ def figures(case: Case, run_dir: str, after: int) -> Dict[str, Any]:
             "cpu_s_per_iteration_rank0": summary["cpu_s_per_iteration"]["server"],
             "rank0_bytes_per_iteration": sent + received, "rank0_parts_s": parts,
             "worker_compute_s": sum(workers) / len(workers) if workers else None,
-            "detached": len(summary.get("membership") or [])}
+            "detached": len(summary.get("membership") or []),
+            **({"network": case.network} if case.network != EMULATED else {}),
+            **(links_report.before_fault(rows, after) if case.straggler == SLOW_LINK else {})}
 
 
 def median_case(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -312,7 +397,7 @@ def ratios(cases: Sequence[Mapping[str, Any]], baseline: str,
 
 
 def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
-    """Train every case and return the report, or exit status 2 on bad options or config."""
+    """Train every case and return the report, or exit status 2 on bad options or config (3: no cluster here)."""
     from psframework.config import ConfigError
 
     try:
@@ -323,22 +408,58 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
     cases = plan(args, contenders)
     if isinstance(cases, str):
         return rep.fail(PROG, cases)
-    runs: Dict[str, List[Dict[str, Any]]] = {c.label: [] for c in cases}
-    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp:
-        for _ in range(args.repeat):
-            for case in cases:
-                done = run_case(case, args.config, args.iterations, args.overrides, tmp,
-                                (args.stop_s, args.go_s), args.timeout)
-                runs[case.label].append(done)
-                print(f"  {done['iteration_s'] * 1e3:.1f} ms/it, {done['cpu_s_per_iteration'] * 1e3:.1f} ms of "
-                      f"processor time/it, rank 0 {done['rank0_bytes_per_iteration'] / MIB:.2f} MiB/it", flush=True)
-    results = [median_case(r) if len(r) > 1 else r[0] for r in runs.values()]
-    return {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
-            "inputs": {"config": args.config, "setting": base, "overrides": list(args.overrides),
-                       "iterations": args.iterations, "stop_s": args.stop_s, "go_s": args.go_s,
-                       "repeat": args.repeat, "latency_us": LATENCY_US, "cases": args.cases,
-                       "baseline": contenders.baseline, "pairs": {k: list(v) for k, v in contenders.pairs.items()}},
-            "cases": results, "ratios": ratios(results, contenders.baseline, contenders.pairs)}
+    real = any(c.network == NETCLUSTER for c in cases)
+    reason = peers_net.require() if real else None
+    if reason is not None:
+        print(f"{PROG}: error: --network {NETCLUSTER}: {reason}", file=sys.stderr, flush=True)
+        return UNAVAILABLE
+    if real:
+        args.out = args.out or os.path.join(rep.DEFAULT_OUT, NETCLUSTER)  # never over the emulated report
+    opts = RunOptions(args.config, args.iterations, tuple(args.overrides), (args.stop_s, args.go_s), args.timeout,
+                      args.slow_fraction, args.pingpong_mib << 20)
+    records, pings = run_all(cases, opts, args.repeat, contenders.baseline, real)
+    report = {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
+              "inputs": {"config": args.config, "setting": base, "overrides": list(args.overrides),
+                         "iterations": args.iterations, "stop_s": args.stop_s, "go_s": args.go_s,
+                         "repeat": args.repeat, "latency_us": LATENCY_US, "cases": args.cases,
+                         "baseline": contenders.baseline,
+                         "pairs": {k: list(v) for k, v in contenders.pairs.items()}}}
+    if not real:
+        runs: Dict[str, List[Dict[str, Any]]] = {}
+        for record in records:
+            runs.setdefault(record["label"], []).append({k: v for k, v in record.items() if k != "pass"})
+        results = [median_case(r) if len(r) > 1 else r[0] for r in runs.values()]
+        return {**report, "cases": results, "ratios": ratios(results, contenders.baseline, contenders.pairs)}
+    links_report.pair(records, contenders.baseline)
+    results = links_report.aggregate(records)
+    networks = list(dict.fromkeys(c.network for c in cases))
+    report["inputs"].update(networks=networks, hosts=max(c.n for c in cases) + 1,
+                            slow_link={"fraction": args.slow_fraction, "rank": STOPPED_WORKER})
+    by_network = [dict(entry, network=net) for net in networks for entry in
+                  ratios([c for c in results if c.get("network", EMULATED) == net], contenders.baseline,
+                         contenders.pairs)]
+    return {**report, "pingpong": pings, "cases": results, "ratios": by_network,
+            "runs": links_report.run_rows(records)}
+
+
+def run_all(cases: Sequence[Case], opts: RunOptions, repeat: int, baseline: str,
+            real: bool) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Train every case `repeat` times (interleaved with the baseline on real links); return runs and ping-pongs."""
+    order = links_report.schedule(cases, repeat, baseline, interleave=real)
+    hosts = max(c.n for c in cases) + 1
+    records = []
+    with tempfile.TemporaryDirectory(prefix="psf-bench-") as tmp, \
+            (peers_net.bench_cluster(hosts) if real else contextlib.nullcontext()) as net:
+        measured = dict.fromkeys(["none"] + [c.link for c in cases if c.network == NETCLUSTER]) if net else {}
+        pings = [net.pingpong(link, opts.pingpong_bytes) for link in measured]
+        for number, case in order:
+            load = os.getloadavg()[0]
+            done = run_case(case, opts, tmp, net)
+            records.append({**done, "pass": number, "load": load})
+            print(f"  {done['iteration_s'] * 1e3:.1f} ms/it, {done['cpu_s_per_iteration'] * 1e3:.1f} ms of "
+                  f"processor time/it, rank 0 {done['rank0_bytes_per_iteration'] / MIB:.2f} MiB/it, load {load:.1f}",
+                  flush=True)
+    return records, pings
 
 
 def _times(value: Optional[float], base: Optional[float]) -> str:
@@ -413,15 +534,18 @@ def ratio_lines(report: Mapping[str, Any]) -> List[str]:
     """Return the ratios of each worker count and link as list items."""
     lines = []
     for entry in report["ratios"]:
-        parts = [f"{key} {value:.2f}" for key, value in entry.items() if key not in ("n", "link_gbps")]
+        parts = [f"{key} {value:.2f}" for key, value in entry.items() if key not in ("n", "link_gbps", "network")]
         if parts:
-            lines.append(f"- n = {entry['n']}, {link_words(entry['link_gbps'])}: " + ", ".join(parts))
+            words = link_words(entry["link_gbps"], entry.get("network", EMULATED))
+            lines.append(f"- n = {entry['n']}, {words}: " + ", ".join(parts))
     return lines
 
 
 def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
-    """Return the peers benchmark report as Markdown."""
+    """Return the peers benchmark report as Markdown (emulated links, or emulated and real side by side)."""
     inputs = report["inputs"]
+    if inputs.get("networks"):
+        return render_real(report, expectations)
     extra = " ".join(inputs.get("overrides") or [])
     lines = [
         "# Head to head: torch DDP and psframework's schemes", "",
@@ -446,6 +570,30 @@ def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None
         "schemes' cost on any machine.", "",
         "## Cases", "", *tables(report), *parts_table(report),
         "## Ratios", "", *ratio_lines(report), "",
+    ]
+    return "\n".join(lines + expect.section(report, expectations))
+
+
+def render_real(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return the report of a run with real links: emulated and real side by side, ping-pongs, slowed links."""
+    inputs = report["inputs"]
+    extra = " ".join(inputs.get("overrides") or [])
+    lines = [
+        "# Head to head on real links: torch DDP and psframework's schemes", "",
+        f"Command: `{report['command']}` (runs each case under `mpiexec`, one after another).",
+        f"Machine: {report['machine']}. Date: {report['date']}.", "",
+        f"- `{inputs['config']}`: {setting_text(inputs['setting'])}" + (f"; overrides `{extra}`" if extra else ""),
+        f"- {inputs['iterations']} iterations per run; emulated links (comm.emulate, on one host over shared "
+        f"memory) add {inputs['latency_us']} us of latency per message; DDP: torch DistributedDataParallel "
+        "(gloo on the CPU), one process per worker.",
+        "- ps and stanza take the first n - 1 workers of every round (one backup worker); sazd decodes from the "
+        "first k of n; uncoded needs all n.",
+        "- ms / iteration: the mean after the first iteration up to the last (which waits for every worker to "
+        "finish the run). With more ranks than cores every figure is a sum of all ranks' work.",
+        *links_report.render_links(report),
+        *parts_table(report), "## Ratios", "",
+        "Of each case's median run (the x DDP columns above pair runs within a pass instead):", "",
+        *ratio_lines(report), "",
     ]
     return "\n".join(lines + expect.section(report, expectations))
 
