@@ -185,6 +185,7 @@ class CommConfig:
     threads: int = 0
     window: int = 4
     detach_after: int = 2
+    detach_after_s: float = 1.0
     progress_thread: Literal["auto", "true", "false"] = "auto"
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
 
@@ -394,6 +395,7 @@ _BOUNDS = {
     "stragglers.factor": (0.0, 1e6), "stragglers.pause_s": (0.0, 3600.0), "stragglers.seed": (0, SEED_MAX),
     "stragglers.count": (1, 1024), "stragglers.shape": (0.0, 1e3),  # stragglers.ranks: the scheme knows its workers
     "comm.timeout_s": (0.0, 1e6), "comm.threads": (0, 1024), "comm.detach_after": (1, 10**6),
+    "comm.detach_after_s": (0.0, 1e6),
     "comm.emulate.bandwidth_gbps": (0.0, 1e6), "comm.emulate.latency_us": (0.0, 1e7),
 }
 
@@ -473,6 +475,7 @@ def _check_comm(c: CommConfig) -> None:
     _require(c.threads >= 0, f"comm.threads: got {c.threads}, expected >= 0 (0 = automatic)")
     _require(1 <= c.window <= 16, f"comm.window: got {c.window}, expected 1..16 messages in flight per worker")
     _require(c.detach_after >= 1, f"comm.detach_after: got {c.detach_after}, expected >= 1 iterations")
+    _require(c.detach_after_s >= 0, f"comm.detach_after_s: got {c.detach_after_s}, expected seconds >= 0")
     e = c.emulate
     _require(e.bandwidth_gbps is None or e.bandwidth_gbps > 0,
              f"comm.emulate.bandwidth_gbps: got {e.bandwidth_gbps}, expected a positive number of Gb/s or null (off)")

@@ -140,6 +140,8 @@ MEANINGS = {
                    "back (1..16)",
     "comm.detach_after": "a worker whose oldest kept-back message is this many iterations old, and which has sent "
                          "and acknowledged nothing since the first of them began, is detached",
+    "comm.detach_after_s": "a worker is detached only once it has also sent and acknowledged nothing for this many "
+                           "seconds: longer than a working link's stalls (see [Stragglers](stragglers.md))",
     "comm.progress_thread": "a worker thread that drives MPI progress while the worker computes: `auto` (where the "
                             "node has a core to spare), `true`, `false`",
     "comm.emulate.bandwidth_gbps": "network emulation (null: off): every message waits bytes / bandwidth before it "

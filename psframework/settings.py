@@ -147,7 +147,7 @@ def build_settings(cfg: Config, code: Optional[str]) -> Settings:
                       tuple(cfg.output.trace_window) if cfg.output.trace_window else None)
     transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
                                   c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
-                                  c.progress_thread, c.emulate.ranks)
+                                  c.progress_thread, c.emulate.ranks, c.detach_after_s)
     schedule = ScheduleSettings(t.lr_schedule, tuple(t.lr_milestones), t.lr_gamma, t.lr_step_epochs, t.lr_pct_start,
                                 t.lr_div_factor, t.lr_final_div_factor, t.warmup, t.warmup_unit,
                                 t.warmup_start_factor)

@@ -197,7 +197,8 @@ def test_a_run_with_a_worker_frozen_most_of_the_time_matches_the_reference(tmp_p
     # row amplifies float32 rounding to about the tolerance on its own; code.subsets=rotate in
     # test_schemes_coded bounds decoding from every subset.)
     frozen = 4
-    job = Job(tmp_path, f"scheme={scheme}", "train.verify_every=10", *COMMON)
+    # comm.detach_after_s=0: the freeze lasts 21 fast iterations, less than the default second of silence.
+    job = Job(tmp_path, f"scheme={scheme}", "train.verify_every=10", "comm.detach_after_s=0", *COMMON)
     job.wait_lines(1)
     pid = job.pid(frozen)
     os.kill(pid, signal.SIGSTOP)

@@ -156,6 +156,9 @@ class Membership:
     # A worker whose oldest kept-back message is this many iterations old, and which has neither sent nor
     # acknowledged anything since the first of those iterations began, is detached.
     detach_after: Optional[int] = 2
+    # ... and silent for this many seconds too: a working link stalls longer than a few fast iterations (a TCP
+    # retransmission waits 0.2 s, then 0.4 s, ...; a slow link takes a while for each message).
+    detach_after_s: float = 1.0
     needed: int = 1  # workers a round cannot do without
     detached: Dict[int, int] = field(default_factory=dict)  # rank -> iteration it was detached at
     log: List[Dict[str, Any]] = field(default_factory=list)
@@ -194,7 +197,7 @@ class MPIServerLink:
 
     def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
                  detach_after: Optional[int] = 2, say: Callable[[str], None] = print,
-                 lost: Callable[[], bool] = lambda: False) -> None:
+                 lost: Callable[[], bool] = lambda: False, detach_after_s: float = 1.0) -> None:
         self.transport = transport
         self.workers = list(workers)
         self.n = len(self.workers)
@@ -202,7 +205,7 @@ class MPIServerLink:
         self.roles, self.emulation = roles, emulation
         self.clock = RoundClock()
         self.subsets: Optional[Iterator[tuple]] = None
-        self.members = Membership(detach_after)
+        self.members = Membership(detach_after, detach_after_s)
         self.iteration = 0
         self.started: Dict[int, float] = {}  # when recent iterations began (time.monotonic), for the detach rule
         self.say = say
@@ -292,8 +295,13 @@ class MPIServerLink:
         self.transport.progress()  # take in the credits and messages that have come meanwhile
         since = self.started.get(self.iteration - after + 1, min(self.started.values(), default=0.0))
         for rank in behind:
-            if self.transport.heard_from(rank) < since:
+            if self.stopped(rank, since):
                 self.detach(rank)
+
+    def stopped(self, rank: int, since: float) -> bool:
+        """Return whether a worker has sent and acknowledged nothing since `since` nor for detach_after_s."""
+        heard = self.transport.heard_from(rank)
+        return heard < since and time.monotonic() - heard >= self.members.detach_after_s
 
     def detach(self, rank: int) -> None:
         """Stop sending to a worker: drop what is kept back for it and tell it (one message beyond its window)."""
@@ -371,8 +379,14 @@ class MPIServerLink:
         """Wait for the first `need` replies (or, rotating, for all and use the next subset)."""
         t0 = time.perf_counter()
         if rotate and self.subsets is not None and need < self.n and not self.members.detached:
-            result = gather.wait(len(gather.sources))
-            chosen = [self.workers[i] for i in next(self.subsets)]
+            # Every reply, while every worker answers: one that has stopped is detached, and the first k decode.
+            result = gather.wait(len(gather.sources), least=need, settle=lambda: bool(self._silent(gather)))
+            if len(result.arrived) == len(gather.sources):
+                chosen = [self.workers[i] for i in next(self.subsets)]
+            else:
+                for rank in self._silent(gather):
+                    self.detach(rank)
+                chosen = result.arrived[:need]
         else:
             result = gather.wait(need)
             chosen = result.first
@@ -381,6 +395,11 @@ class MPIServerLink:
         TIMELINE.add("wait", f"wait for {need} of {len(gather.sources)}", t0, result.wait_s)
         self.clock.used.append(sorted(chosen))
         return Replies({self.index(r): result.data[r] for r in chosen}, sorted(chosen))
+
+    def _silent(self, gather: Any) -> List[int]:
+        """Return the workers whose reply a gather still waits for and that have stopped (silent for detach_after_s)."""
+        arrived = gather.arrived()
+        return [r for r in gather.sources if r not in arrived and self.stopped(r, time.monotonic())]
 
     def collect_within(self, gather: Any, timeout_s: float) -> Replies:
         """Wait up to timeout_s for every reply; return those that came (possibly fewer)."""

@@ -165,6 +165,10 @@ class SendHandle:
             self.wire = None
 
 
+class _Settled(Exception):
+    """Ends a gather's wait early: its `settle` said the replies in are enough."""
+
+
 class Gather:
     """Receives pre-posted from several sources for one envelope; wait for the first k."""
 
@@ -181,10 +185,13 @@ class Gather:
         return [s.source for s in sorted(done, key=lambda s: s.arrival)]
 
     def wait(self, k: Optional[int] = None, *, timeout_s: Any = DEFAULT,
-             interrupt: Optional[Callable[[], None]] = None) -> FirstK:
+             interrupt: Optional[Callable[[], None]] = None, least: Optional[int] = None,
+             settle: Optional[Callable[[], bool]] = None) -> FirstK:
         """Block until k replies are in (all by default); raise WatchdogTimeout past timeout_s.
 
-        `interrupt`, if given, is called at every poll: it may raise to end the wait early.
+        `interrupt`, if given, is called at every poll: it may raise to end the wait early. `settle`, if
+        given, is asked at every poll once `least` replies are in: True ends the wait with those (k is then
+        the number in).
         """
         if self._result is not None:
             return self._result
@@ -212,8 +219,18 @@ class Gather:
                                     + "; ".join(reasons))
             return False
 
+        def poll() -> None:
+            if interrupt is not None:
+                interrupt()
+            if settle is not None and least is not None and len(self.arrived()) >= least and settle():
+                raise _Settled()
+
         try:
-            if not self.transport._progress_until(enough, deadline, interrupt):
+            try:
+                done = self.transport._progress_until(enough, deadline, poll)
+            except _Settled:
+                done, k = True, len(self.arrived())
+            if not done:
                 silent = [s.source for s in slots if s.outcome != ARRIVED]
                 named = self.transport.named
                 raise WatchdogTimeout(named(silent), str(self.envelope), timeout, named(self.arrived()), k)

@@ -20,3 +20,4 @@ class TransportSettings:
     detach_after: int = 2
     progress_thread: str = "auto"
     emulated_ranks: str = "all"  # whose links are emulated: "all" or "servers"
+    detach_after_s: float = 1.0  # and silent this many seconds: longer than a working link's stalls

@@ -47,7 +47,7 @@ def server_link(settings: Settings, node: Node) -> ServerLink:
 
     roles, transport = node.shards[0] if node.shards else (node.roles, node.transport)
     return MPIServerLink(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
-                         lost=LOSS)
+                         lost=LOSS, detach_after_s=settings.transport.detach_after_s)
 
 
 def worker_link(node: Node) -> WorkerLink:
