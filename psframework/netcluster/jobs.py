@@ -19,8 +19,12 @@ from psframework import environment
 from psframework.launch import is_open_mpi, mpiexec_path
 from psframework.netcluster.hosts import DEVICE, Cluster, counters
 
+# UCX_TCP_KEEPIDLE=inf: UCX turns TCP keepalive on for its connections (10 s idle, then probes), so a
+# link cut for 15 s kills the idle connections between the cut host and the others, and MPI_Finalize
+# then fails on both ends ("error during flush: Connection reset by remote peer") although training
+# recovered. psframework's own watchdog and detach rules decide when a host is gone.
 MPICH_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
-                 "UCX_NET_DEVICES": DEVICE}
+                 "UCX_NET_DEVICES": DEVICE, "UCX_TCP_KEEPIDLE": "inf"}
 OPEN_MPI_NETWORK = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", DEVICE]
 
 
