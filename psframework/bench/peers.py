@@ -541,17 +541,22 @@ def ratio_lines(report: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+def header(report: Dict[str, Any], title: str) -> List[str]:
+    """Return a report's title, command, machine and config lines."""
+    inputs = report["inputs"]
+    extra = " ".join(inputs.get("overrides") or [])
+    return [title, "", f"Command: `{report['command']}` (runs each case under `mpiexec`, one after another).",
+            f"Machine: {report['machine']}. Date: {report['date']}.", "",
+            f"- `{inputs['config']}`: {setting_text(inputs['setting'])}" + (f"; overrides `{extra}`" if extra else "")]
+
+
 def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
     """Return the peers benchmark report as Markdown (emulated links, or emulated and real side by side)."""
     inputs = report["inputs"]
     if inputs.get("networks"):
         return render_real(report, expectations)
-    extra = " ".join(inputs.get("overrides") or [])
     lines = [
-        "# Head to head: torch DDP and psframework's schemes", "",
-        f"Command: `{report['command']}` (runs each case under `mpiexec`, one after another).",
-        f"Machine: {report['machine']}. Date: {report['date']}.", "",
-        f"- `{inputs['config']}`: {setting_text(inputs['setting'])}" + (f"; overrides `{extra}`" if extra else ""),
+        *header(report, "# Head to head: torch DDP and psframework's schemes"),
         f"- {inputs['iterations']} iterations per case" + (f", median of {inputs['repeat']} runs" if
                                                            inputs.get("repeat", 1) > 1 else "") +
         f"; emulated links add {inputs['latency_us']} us of latency; stop-go: the benchmark stops one worker "
@@ -577,12 +582,8 @@ def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None
 def render_real(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
     """Return the report of a run with real links: emulated and real side by side, ping-pongs, slowed links."""
     inputs = report["inputs"]
-    extra = " ".join(inputs.get("overrides") or [])
     lines = [
-        "# Head to head on real links: torch DDP and psframework's schemes", "",
-        f"Command: `{report['command']}` (runs each case under `mpiexec`, one after another).",
-        f"Machine: {report['machine']}. Date: {report['date']}.", "",
-        f"- `{inputs['config']}`: {setting_text(inputs['setting'])}" + (f"; overrides `{extra}`" if extra else ""),
+        *header(report, "# Head to head on real links: torch DDP and psframework's schemes"),
         f"- {inputs['iterations']} iterations per run; emulated links (comm.emulate, on one host over shared "
         f"memory) add {inputs['latency_us']} us of latency per message; DDP: torch DistributedDataParallel "
         "(gloo on the CPU), one process per worker.",
