@@ -24,7 +24,7 @@ from psframework.runtime.preempt import EXIT_PREEMPTED
 from psframework.comm.rounds import MPIServerLink
 from test_coded_path import FakeTransport
 from test_schemes_coded import COMMON, assert_same_model, losses
-from test_stragglers_real import Job, membership_events, used_ranks_after
+from test_stragglers_real import Job, used_ranks_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "digits_sazd.yaml")
@@ -149,7 +149,12 @@ def test_a_faulty_link_does_not_hold_training_up(tmp_path, overrides):
     assert len(readmitted) == len(detached) and all(r > d for d, r in zip(detached, readmitted)), output
 
 
+# Short: this recipe (lr 0.05, momentum 0.9) is chaotic enough that float32 rounding alone, amplified,
+# parts any two runs by more than the tolerance after about 75 iterations.
 EQUAL_ITERATIONS = 60
+# Iterations at which the slow and lossy phases (4 iterations each) and the cut begin: set by
+# iterations, not seconds, so that the run has room after the mend for the readmission on any machine.
+PHASES = {"slow": 2, "loss": 7, "cut": 12}
 PARITY_RANK = 4  # holds the parity packet: with it detached, rounds decode from the systematic packets
 
 
@@ -180,18 +185,22 @@ def test_a_run_through_link_faults_matches_the_reference(tmp_path, long_referenc
     # state decoded from k workers. The run must still equal the reference trainer's.
     healthy_iterations = []
     with cluster(HOSTS, "--rate", LINK) as net:
-        job = LinkJob(net, tmp_path, "scheme=sazd", "code.subsets=rotate", *COMMON,
+        # comm.detach_after_s=0.3: the cut, mended once the worker is detached, stays short, and so does
+        # TCP's retransmission backoff after it: the readmission comes well before the run's end.
+        job = LinkJob(net, tmp_path, "scheme=sazd", "code.subsets=rotate", *COMMON, "comm.detach_after_s=0.3",
                       f"train.max_iterations={EQUAL_ITERATIONS}", timeout=150)
         healthy = net.shapes[PARITY_RANK]
-        job.wait_lines(5)
         for name in ("slow", "loss"):
+            job.wait_lines(PHASES[name])
             fault(net, PARITY_RANK, name)
-            time.sleep(2.0)
+            job.wait_lines(PHASES[name] + 4)
             mend(net, PARITY_RANK, name, healthy)
+        job.wait_lines(PHASES["cut"])
         healthy_iterations.append(job.lines())
+        before = len(every_event(job.text(), PARITY_RANK, "detached"))
         fault(net, PARITY_RANK, "cut")
         try:
-            wait_for(job, lambda j: membership_events(j.text(), PARITY_RANK)[0] is not None)
+            wait_for(job, lambda j: len(every_event(j.text(), PARITY_RANK, "detached")) > before)
         finally:
             mend(net, PARITY_RANK, "cut", healthy)
         code = job.proc.wait(timeout=job.timeout)
@@ -200,6 +209,7 @@ def test_a_run_through_link_faults_matches_the_reference(tmp_path, long_referenc
     print(f"\nsazd rotate through link faults: {summary['membership']}, faults from iteration "
           f"{healthy_iterations[0]}")
     assert code == 0 and "watchdog" not in output, output
-    assert [(e["rank"], e["readmitted_at"] is not None) for e in summary["membership"]] == [(PARITY_RANK, True)], output
+    events = [(e["rank"], e["readmitted_at"] is not None) for e in summary["membership"]]
+    assert events and set(events) == {(PARITY_RANK, True)}, output  # every detach of the parity holder undone
     assert_same_model(job.run_dir, long_reference)
     assert max(abs(a - b) for a, b in zip(losses(job.run_dir), losses(long_reference))) < 1e-4
