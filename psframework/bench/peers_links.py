@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from psframework.netcluster.jobs import traffic
+
 EMULATED, NETCLUSTER = "emulated", "netcluster"
 NETWORKS = (EMULATED, NETCLUSTER)
 SLOW_LINK = "slow-link"  # the straggler setting of a case whose worker's link is slowed half-way
@@ -29,7 +31,7 @@ def link_words(link: Optional[Any], network: str = EMULATED) -> str:
 def link_figures(before: Sequence[Mapping[str, int]], after: Sequence[Mapping[str, int]],
                  iterations: int) -> Dict[str, Any]:
     """Return what crossed rank 0's host link per iteration (the whole job over its iterations)."""
-    moved = [{key: a[key] - b[key] for key in a} for b, a in zip(before, after)]
+    moved = traffic(before, after)
     return {"rank0_link_rx_per_iteration": moved[0]["rx_bytes"] / iterations,
             "rank0_link_tx_per_iteration": moved[0]["tx_bytes"] / iterations, "link_bytes": moved}
 

@@ -108,12 +108,9 @@ def cmd_pingpong(args: argparse.Namespace) -> int:
         cluster.check_host(host)
     if args.a == args.b:
         raise ClusterError(f"pingpong: hosts {args.a} and {args.b}: expected two different hosts")
-    placed = Cluster(cluster.name, 2, [cluster.shapes[args.a], cluster.shapes[args.b]])
-    placed.namespace = lambda h: cluster.namespace((args.a, args.b)[h])  # type: ignore[method-assign]
-    placed.hostname = lambda h: cluster.hostname((args.a, args.b)[h])  # type: ignore[method-assign]
     program = [sys.executable, "-m", "mpi4py", "-m", "psframework.netcluster.pingpong", "--size", str(args.size),
                "--repeats", str(args.repeats)]
-    done, _ = jobs.run_job(placed, 2, program, timeout_s=args.timeout, capture=True)
+    done, _ = jobs.run_job(cluster, 2, program, timeout_s=args.timeout, capture=True, placement=[args.a, args.b])
     if done.returncode != 0:
         raise ClusterError(f"pingpong: the job failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,6 +6,7 @@ cable to the root namespace, nothing forwarded, so no packet leaves the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -97,6 +98,11 @@ class Cluster:
             state = json.load(fh)
         state["shapes"] = [LinkShape(**s) for s in state["shapes"]]
         return cls(**state)
+
+
+def as_host(hostname: str) -> List[str]:
+    """Return the command prefix that runs a program under host name `hostname` (a UTS namespace of its own)."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
 
 
 def state_dir(name: str) -> str:
@@ -261,10 +267,8 @@ def kill_all(namespace: str) -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.1)
 
 
@@ -299,10 +303,8 @@ def _stop_reaper(name: str) -> None:
     except (OSError, ValueError):
         return
     if pid and pid != os.getpid() and _alive(pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def _alive(pid: int) -> bool:

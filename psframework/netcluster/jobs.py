@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework import environment
 from psframework.launch import is_open_mpi, mpiexec_path
-from psframework.netcluster.hosts import DEVICE, Cluster, counters
+from psframework.netcluster.hosts import DEVICE, Cluster, as_host, counters
 
 # UCX_TCP_KEEPIDLE=inf: UCX turns TCP keepalive on for its connections (10 s idle, then probes), so a
 # link cut for 15 s kills the idle connections between the cut host and the others, and MPI_Finalize
@@ -34,9 +34,11 @@ def host_of(rank: int, cluster: Cluster) -> int:
 
 
 def enter_host(cluster: Cluster, host: int) -> List[str]:
-    """Return the command prefix that runs a program on host `host`: its namespace and host name."""
-    return ["ip", "netns", "exec", cluster.namespace(host), "unshare", "--uts", "sh", "-c",
-            'hostname "$0" && exec "$@"', cluster.hostname(host)]
+    """Return the command prefix that runs a program on host `host`: its namespace and host name.
+
+    `ip netns exec` also mounts the namespace's own /sys, where UCX looks up the host's interfaces.
+    """
+    return ["ip", "netns", "exec", cluster.namespace(host), *as_host(cluster.hostname(host))]
 
 
 def network_environment(mpiexec: str) -> Dict[str, str]:
@@ -45,8 +47,11 @@ def network_environment(mpiexec: str) -> Dict[str, str]:
 
 
 def job_command(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s: Optional[float] = None,
-                env: Optional[Mapping[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
-    """Return (argv, environment) of an MPI job of `ranks` ranks, each running `program` on its host."""
+                env: Optional[Mapping[str, str]] = None,
+                placement: Optional[Sequence[int]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """Return (argv, environment) of an MPI job of `ranks` ranks, each running `program` on its host:
+    rank r on host `placement[r]`, by default host r mod N."""
+    placement = placement or [host_of(rank, cluster) for rank in range(ranks)]
     mpiexec = mpiexec_path()
     argv: List[str] = [mpiexec]
     full_env = environment.child_environment()
@@ -61,7 +66,7 @@ def job_command(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s:
     for rank in range(ranks):
         if rank:
             argv.append(":")
-        argv += ["-n", "1", *enter_host(cluster, host_of(rank, cluster)), *program]
+        argv += ["-n", "1", *enter_host(cluster, placement[rank]), *program]
     return argv, full_env
 
 
@@ -76,10 +81,10 @@ def traffic(before: List[Dict[str, int]], after: List[Dict[str, int]]) -> List[D
 
 
 def run_job(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s: Optional[float] = None,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-            capture: bool = False) -> Tuple[subprocess.CompletedProcess, List[Dict[str, int]]]:
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, capture: bool = False,
+            placement: Optional[Sequence[int]] = None) -> Tuple[subprocess.CompletedProcess, List[Dict[str, int]]]:
     """Run a job on the cluster; return it and the bytes each host's link carried meanwhile."""
-    argv, full_env = job_command(cluster, ranks, program, timeout_s, env)
+    argv, full_env = job_command(cluster, ranks, program, timeout_s, env, placement)
     before = counters(cluster)
     limit = None if timeout_s is None else timeout_s + 30
     done = subprocess.run(argv, env=full_env, cwd=cwd or os.getcwd(), capture_output=capture, text=True,

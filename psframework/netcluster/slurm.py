@@ -18,8 +18,8 @@ import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from psframework.netcluster.hosts import (SWITCH_ADDRESS, Cluster, ClusterError, Unavailable, host_address,
-                                          kill_all, sh)
+from psframework.netcluster.hosts import (SWITCH_ADDRESS, Cluster, ClusterError, Unavailable, as_host,
+                                          host_address, kill_all, sh)
 from psframework.netcluster.jobs import MPICH_NETWORK
 
 CONTROLLER_PORT = 6917  # not Slurm's 6817/6818, which the machine's own Slurm uses
@@ -165,8 +165,7 @@ def enter(namespace: str, hostname: str) -> List[str]:
     nsenter rather than `ip netns exec`, which would mount a /sys of the namespace's own without the
     machine's cgroup hierarchies: slurmd loads its cgroup plugin at start and fails without them.
     """
-    return ["nsenter", f"--net=/run/netns/{namespace}", "unshare", "--uts", "sh", "-c",
-            'hostname "$0" && exec "$@"', hostname]
+    return ["nsenter", f"--net=/run/netns/{namespace}", *as_host(hostname)]
 
 
 def start_daemon(cluster: Cluster, namespace: str, hostname: str, argv: Sequence[str], log: str) -> None:
