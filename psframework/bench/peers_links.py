@@ -270,7 +270,7 @@ def render_links(report: Mapping[str, Any]) -> List[str]:
         f"- Every case ran {inputs['repeat']} times, in passes; within a pass, the cases of one link and network "
         "ran as DDP, case, DDP, case, ... Figures are the median run and the spread (min-max) over the passes; "
         "x DDP divides each run by the DDP runs next to it in the same pass. Load: the machine's 1-minute load "
-        f"average at the start of each run (other jobs shared the machine): {min(loads, default=0):.1f} to "
+        f"average at the start of each run (a job's own busy ranks count): {min(loads, default=0):.1f} to "
         f"{max(loads, default=0):.1f}.", "",
         *pingpong_table(report), "## Emulated and real links side by side", "",
         "ms / iteration: median (min-max) over the passes; rank 0 MiB: what rank 0 sends and receives per "
