@@ -178,6 +178,20 @@ def names(made: Cluster, count: int) -> List[str]:
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(120)
+def test_job_steps_see_their_hosts_interfaces_and_not_the_machines(five_nodes):
+    # UCX follows /sys/class/net/eth0 to the interface's device for its bandwidth: through the machine's
+    # /sys it would find the machine's own card (or none, and then the ranks cannot start).
+    machine = sorted(os.listdir("/sys/class/net"))
+    show = 'echo "$(hostname) $(ls /sys/class/net | tr "\\n" " ")$(readlink -f /sys/class/net/eth0)"'
+    done = slurm_command(five_nodes, "srun", "--nodes=5", "--ntasks-per-node=1", "sh", "-c", show)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"{name} eth0 lo /sys/devices/virtual/net/eth0"
+                                                for name in names(five_nodes, 5)]
+    assert sorted(os.listdir("/sys/class/net")) == machine
+
+
+@pytest.mark.slurm
 @pytest.mark.mpi
 @pytest.mark.timeout(400)
 def test_the_multi_node_template_puts_a_rank_on_each_of_five_hosts(five_nodes, tmp_path):

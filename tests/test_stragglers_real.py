@@ -208,8 +208,12 @@ def test_a_run_with_a_worker_frozen_most_of_the_time_matches_the_reference(tmp_p
         os.kill(pid, signal.SIGCONT)
     summary, output = job.finish()
     assert any(e["rank"] == frozen for e in summary["membership"]), output
-    assert_same_model(job.run_dir, reference)
-    assert max(abs(a - b) for a, b in zip(losses(job.run_dir), losses(reference))) < 1e-4
+    # poly has no systematic packets: every round decodes through a Vandermonde inverse (condition
+    # number up to 6.8 at n = 4, k = 3) from whichever three replies come first, so its rounding differs
+    # from the reference's every round and grows over the run (5.5e-4 seen on a loaded machine).
+    rel = 1e-3 if scheme == "poly" else 1e-4
+    assert_same_model(job.run_dir, reference, rel=rel)
+    assert max(abs(a - b) for a, b in zip(losses(job.run_dir), losses(reference))) < rel
 
 
 def rank_process(job, rank):
@@ -269,9 +273,10 @@ def test_the_watchdog_names_exactly_the_frozen_workers(tmp_path):
             except ProcessLookupError:
                 pass
     output = job.output()
-    assert code != 0 and time.monotonic() - t0 < 30, output
+    tail = " | ".join(output.splitlines()[-8:])  # first in the message: a short report shows its first line
+    assert code != 0 and time.monotonic() - t0 < 30, f"exit {code}: {tail}\n{output}"
     lines = [line for line in output.splitlines() if "watchdog" in line]
-    assert lines and all("no answer from rank(s) 2, 3 " in line for line in lines), output
+    assert lines and all("no answer from rank(s) 2, 3 " in line for line in lines), f"{tail}\n{output}"
 
 
 @pytest.mark.mpi

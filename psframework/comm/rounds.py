@@ -295,8 +295,16 @@ class MPIServerLink:
         self.transport.progress()  # take in the credits and messages that have come meanwhile
         since = self.started.get(self.iteration - after + 1, min(self.started.values(), default=0.0))
         for rank in behind:
-            if self.stopped(rank, since):
+            if self.stopped(rank, since) and self.can_detach():
                 self.detach(rank)
+
+    def can_detach(self) -> bool:
+        """Return whether a round could go on without one more worker (more live than it needs).
+
+        Detaching below that would leave the iteration's next rounds with fewer sources than replies
+        needed; waiting instead lets the watchdog name every silent worker.
+        """
+        return len(self.live) > self.members.needed
 
     def stopped(self, rank: int, since: float) -> bool:
         """Return whether a worker has sent and acknowledged nothing since `since` nor for detach_after_s."""
@@ -385,7 +393,8 @@ class MPIServerLink:
                 chosen = [self.workers[i] for i in next(self.subsets)]
             else:
                 for rank in self._silent(gather):
-                    self.detach(rank)
+                    if self.can_detach():
+                        self.detach(rank)
                 chosen = result.arrived[:need]
         else:
             result = gather.wait(need)

@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from psframework.netcluster.hosts import (SWITCH_ADDRESS, Cluster, ClusterError, Unavailable, as_host,
+from psframework.netcluster.hosts import (SWITCH_ADDRESS, Cluster, ClusterError, Unavailable,
                                           host_address, kill_all, sh)
 from psframework.netcluster.jobs import MPICH_NETWORK
 
@@ -159,18 +159,31 @@ def start(cluster: Cluster, cpus: int = DEFAULT_CPUS) -> None:
         raise
 
 
-def enter(namespace: str, hostname: str) -> List[str]:
-    """Return the prefix that runs a program in `namespace` under host name `hostname`.
+# Run in a mount namespace of the daemon's own, where /sys/class/net and /sys/devices/virtual/net are
+# those of the host's network namespace (a sysfs mounted from inside it): UCX follows
+# /sys/class/net/eth0 to find the interface's device and its bandwidth, and through the machine's
+# /sys it would find the machine's own eth0 (a PCI card, or none) instead of the host's cable.
+# $0 is the host name, $1 a scratch mount point; the arguments after them are the program.
+HOST_VIEW = ('hostname "$0" && mount -t sysfs sysfs "$1" && mount --bind "$1/class/net" /sys/class/net && '
+             'mount --bind "$1/devices/virtual/net" /sys/devices/virtual/net && umount "$1" && shift && exec "$@"')
 
-    nsenter rather than `ip netns exec`, which would mount a /sys of the namespace's own without the
-    machine's cgroup hierarchies: slurmd loads its cgroup plugin at start and fails without them.
+
+def enter(namespace: str, hostname: str, scratch: str) -> List[str]:
+    """Return the prefix that runs a program in `namespace` as host `hostname`, seeing the host's interfaces.
+
+    nsenter and two bind mounts rather than `ip netns exec`, which would mount a whole /sys of the
+    namespace's own without the machine's cgroup hierarchies: slurmd loads its cgroup plugin at
+    start and fails without them. `scratch` is an empty directory to mount the namespace's sysfs on.
     """
-    return ["nsenter", f"--net=/run/netns/{namespace}", *as_host(hostname)]
+    return ["nsenter", f"--net=/run/netns/{namespace}", "unshare", "--uts", "--mount", "--propagation", "private",
+            "sh", "-c", HOST_VIEW, hostname, scratch]
 
 
 def start_daemon(cluster: Cluster, namespace: str, hostname: str, argv: Sequence[str], log: str) -> None:
     """Start one daemon (it detaches itself); ClusterError with its log's last line if it does not start."""
-    program = [*enter(namespace, hostname), argv[0], "-f", conf_path(cluster), *argv[1:]]
+    scratch = os.path.join(slurm_dir(cluster), "sys", hostname)
+    os.makedirs(scratch, exist_ok=True)
+    program = [*enter(namespace, hostname, scratch), argv[0], "-f", conf_path(cluster), *argv[1:]]
     with open(os.path.join(slurm_dir(cluster), "log", f"{log}.start"), "w+") as out:
         status = subprocess.run(program, stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60).returncode
         out.seek(0)
