@@ -24,12 +24,13 @@ BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
     "peers": "psframework.bench.peers",
+    "plan": "psframework.bench.plan",
     "scaleout": "psframework.bench.scaleout",
     "schemes": "psframework.bench.schemes",
     "stragglers": "psframework.bench.stragglers",
 }
 
-OWN_PARSERS = {"sweep": "psframework.sweep", "report": "psframework.report"}
+OWN_PARSERS = {"sweep": "psframework.sweep", "report": "psframework.report", "plan": "psframework.plan.cli"}
 
 
 def _fail(message: str, rank: int = 0) -> int:
@@ -214,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="run a grid of overrides over a config (see psf sweep --help)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="CONFIG [KEY=VALUE ...] --grid KEY=V1,V2 ... [--slurm]")
     p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("plan", help="predict every scheme on a cluster and recommend one (psf plan calibrate: profile)",
+                       description="predict every scheme on a cluster (see psf plan --help)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="CONFIG [KEY=VALUE ...] --hosts N --link RATE ...")
     p = sub.add_parser("report", help="write a Markdown report with plots and a CSV of runs and sweeps",
                        description="write a Markdown report with plots and a CSV of runs and sweeps "
                        "(see psf report --help)")

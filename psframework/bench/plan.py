@@ -1,0 +1,176 @@
+"""psf bench plan: the cost model's predictions next to measured runs (docs/benchmarks/plan.md).
+
+Calibrates a profile for each workload (psf plan calibrate's pieces, one at a time), then trains
+every case as `psf bench peers` does (rank 0 and n workers, or n DDP processes, under mpiexec; on
+emulated links on this machine, and on real shaped links of a cluster of hosts made on it) and
+predicts it with the model for the same machine: every rank on one pool of this machine's cores,
+the links as the case has them. Held-out cases (another model and batch, another (n, k), another
+link speed) are measured and predicted in the same run and reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from psframework.bench import peers, peers_net
+from psframework.bench import plan_report
+from psframework.bench import report as rep
+from psframework.bench.contenders import load as load_contenders
+from psframework.bench.peers_links import EMULATED, NETCLUSTER
+from psframework.bench.runs import machine
+from psframework.plan.cluster import Cluster
+from psframework.plan.graphs import Setup
+from psframework.plan.predict import predict
+from psframework.plan.profile import Profile, save
+
+PROG = "psf bench plan"
+NAME = "plan"
+CORES = float(os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and batch the cases train: a config and overrides."""
+
+    name: str
+    config: str
+    overrides: Tuple[str, ...] = ()
+
+
+VGG = Workload("vgg-small, batch 64", "configs/bench_stanza.yaml")
+ALEX = Workload("alexnet-small, batch 64", "configs/bench_stanza.yaml", ("model.name=alexnet-small",))
+LENET = Workload("lenet5, batch 64", "configs/bench_stanza.yaml", ("model.name=lenet5",))
+RESNET = Workload("resnet20, batch 32", "configs/bench_stanza.yaml", ("model.name=resnet20", "data.batch_size=32"))
+CONTENDERS = ("ddp", "ps", "stanza", "sazd")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation case: a contender of `psf bench peers` on a workload, n workers and a link."""
+
+    workload: Workload
+    contender: str
+    n: int
+    link: str  # none, or Gb/s
+    network: str = EMULATED
+    k: Optional[int] = None  # None: the benchmark's n - n/4 (n for contenders that need every worker)
+    held_out: str = ""  # why the case is held out ("": a validation case)
+
+    @property
+    def label(self) -> str:
+        k = f", k={self.k}" if self.k else ""
+        return f"{self.workload.name}: {self.contender}, n={self.n}{k}, {peers.link_words(self.link, self.network)}"
+
+
+def checks(quick: bool = False) -> List[Check]:
+    """Return the validation cases, then the held-out ones."""
+    workloads = (VGG,) if quick else (VGG, ALEX, LENET)
+    counts = (4,) if quick else (4, 8)
+    links = ("none", "1") if not quick else ("1",)
+    out = [Check(w, c, n, link) for w in workloads for n in counts for link in links for c in CONTENDERS]
+    out += [Check(VGG, c, 2, "none") for c in CONTENDERS] if not quick else []
+    for w in ((VGG, LENET) if not quick else (VGG,)):
+        out += [Check(w, c, 4, link, NETCLUSTER) for link in ("10", "1") for c in CONTENDERS]
+    held = [Check(RESNET, c, 4, "none", held_out="another model and batch") for c in ("ps", "stanza", "sazd")]
+    held += [Check(VGG, "sazd", 6, "1", k=4, held_out="another (n, k)"),
+             Check(VGG, "ps", 6, "1", held_out="another n")]
+    held += [Check(VGG, c, 4, "2.5", held_out="another link speed") for c in ("ps", "sazd")]
+    return out + (held[:2] if quick else held)
+
+
+def setup_of(check: Check, case: peers.Case) -> Setup:
+    """Return the model's setup of a case."""
+    name = check.contender
+    if name == "ddp":
+        return Setup("ddp", check.n, check.n)
+    if name in ("ps", "stanza"):
+        return Setup(name, check.n, check.n, backup=1)
+    return Setup("sazd", check.n, check.k or case.k)
+
+
+def cluster_of(check: Check, profile: Profile) -> Cluster:
+    """Return this machine as the case ran on it: one pool of cores, emulated or real links."""
+    gbps = peers.link_gbps(check.link)
+    shm, tcp = profile.links["shm"], profile.links.get("tcp", profile.links["shm"])
+    if check.network == NETCLUSTER:
+        rate = tcp.bandwidth_Bps if gbps is None else gbps * 1e9 / 8
+        return Cluster(hosts=5, cores_per_host=CORES, link_Bps=rate, latency_s=tcp.latency_s, local=tcp, remote=tcp,
+                       one_pool=True, cyclic=True)
+    rate = float("inf") if gbps is None else gbps * 1e9 / 8
+    latency = 0.0 if gbps is None else peers.LATENCY_US * 1e-6
+    return Cluster(hosts=1, cores_per_host=CORES, link_Bps=rate, latency_s=latency, local=shm, remote=tcp,
+                   emulated=True, one_pool=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="the cost model of psf plan against measured runs")
+    rep.add_report_options(p, NAME)
+    p.add_argument("--iterations", type=int, default=10, help="iterations per case (default 10)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per case (default 600)")
+    p.add_argument("--quick", action="store_true", help="a few cases: a smoke run of the whole benchmark")
+    p.add_argument("--no-netcluster", action="store_true", help="leave out the cases on real links (they need root)")
+    return p
+
+
+@contextlib.contextmanager
+def real_links(wanted: bool) -> Iterator[Optional[peers_net.BenchCluster]]:
+    """Yield the benchmark's cluster of 5 hosts, or None when not wanted or not possible here."""
+    if not wanted or peers_net.require() is not None:
+        yield None
+        return
+    with peers_net.bench_cluster(5) as net:
+        yield net
+
+
+def profiles(workloads: Sequence[Workload], out: str, netcluster: bool) -> Dict[str, Profile]:
+    """Calibrate each workload (links measured once); write the profiles under `out`/plan/profiles."""
+    from psframework.plan.calibrate import calibrate
+    from psframework.plan.cli import measure_links, settings_of
+
+    links = measure_links(netcluster)
+    found = {}
+    for w in workloads:
+        profile = calibrate(settings_of(w.config, w.overrides), w.config, links, say=lambda t: print(t, flush=True))
+        found[w.name] = profile
+        save(profile, os.path.join(out, "plan", "profiles", profile.model + f"-b{profile.batch}.json"))
+    return found
+
+
+def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
+    """Calibrate, run every case and predict it; return the report."""
+    if args.iterations < 3:
+        return rep.fail(PROG, f"--iterations: got {args.iterations}, expected 3 or more")
+    out = args.out or rep.DEFAULT_OUT
+    todo = checks(args.quick)
+    workloads = list(dict.fromkeys(c.workload for c in todo))
+    netcluster = not args.no_netcluster and peers_net.require() is None
+    todo = [c for c in todo if netcluster or c.network != NETCLUSTER]
+    found = profiles(workloads, out, netcluster)
+    contenders = {c.name: c for c in load_contenders(peers.DEFAULT_CONTENDERS, "stanza").contenders}
+    rows = []
+    with real_links(netcluster) as net:
+        for check in todo:
+            case = peers.Case(contenders[check.contender], check.n, check.link, "none", check.network)
+            extra = list(check.workload.overrides) + ([f"code.k={check.k}"] if check.k else [])
+            opts = peers.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout)
+            measured = peers.run_case(case, opts, os.path.join(out, "plan-runs"), net)
+            profile = found[check.workload.name]
+            predicted = predict(profile, setup_of(check, case), cluster_of(check, profile))
+            rows.append(plan_report.row(check, measured, predicted, os.getloadavg()[0]))
+            print(f"{PROG}: {check.label}: measured {measured['iteration_s'] * 1e3:.1f} ms, predicted "
+                  f"{predicted.iteration_s * 1e3:.1f} ms", flush=True)
+    os.makedirs(out, exist_ok=True)
+    plan_report.scatter(rows, os.path.join(out, "plan.png"))
+    return {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
+            "inputs": {"iterations": args.iterations, "workloads": [asdict(w) for w in workloads],
+                       "profiles": {name: {"machine": p.machine, "date": p.date, "links": asdict(p)["links"]}
+                                    for name, p in found.items()}},
+            "cases": rows, "questions": plan_report.questions(found[VGG.name])}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return rep.main(NAME, parser(), argv, measure, plan_report.render)

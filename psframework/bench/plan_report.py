@@ -1,0 +1,196 @@
+"""The report of `psf bench plan`: each case's measured and predicted time, the errors, the rankings,
+and the coded-path questions answered with the model for a cluster with a core per rank."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import statistics
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from psframework.plan.choose import code_sizes
+from psframework.plan.cluster import Cluster, Straggler
+from psframework.plan.graphs import Setup
+from psframework.plan.predict import Prediction, predict
+from psframework.plan.profile import Profile
+
+MEDIAN_BOUND, WORST_BOUND, HELD_OUT_BOUND = 0.10, 0.25, 0.15
+RANK_GAP = 0.15  # measured times that differ by more than this must be ordered alike by the model
+CPU_GAP = 0.15  # a miss whose processor time is this close is one of overlap, not of the pieces' cost
+QUESTION_COUNTS = (4, 8, 32, 128)
+
+
+def row(check: Any, measured: Mapping[str, Any], predicted: Prediction, load: float) -> Dict[str, Any]:
+    """Return one case of the report."""
+    return {"label": check.label, "workload": check.workload.name, "contender": check.contender, "n": check.n,
+            "k": predicted.setup.k, "link": check.link, "network": check.network, "held_out": check.held_out,
+            "measured_s": measured["iteration_s"], "predicted_s": predicted.iteration_s,
+            "error": predicted.iteration_s / measured["iteration_s"] - 1.0,
+            "measured_cpu_s": measured["cpu_s_per_iteration"], "predicted_cpu_s": predicted.cpu_s,
+            "measured_rank0_bytes": measured["rank0_bytes_per_iteration"], "predicted_rank0_bytes":
+            predicted.rank0_bytes, "load": load}
+
+
+def summary(cases: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Return the errors and ranking agreement of the validation and the held-out cases."""
+    valid = [c for c in cases if not c["held_out"]]
+    held = [c for c in cases if c["held_out"]]
+    errors = [abs(c["error"]) for c in valid]
+    return {"cases": len(valid), "median_error": statistics.median(errors) if errors else None,
+            "worst_error": max(errors) if errors else None, "held_out": len(held),
+            "held_out_worst": max((abs(c["error"]) for c in held), default=None),
+            "pairs": ranking(valid)}
+
+
+def ranking(cases: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Return how many pairs of one setting the model orders as measured, where their times differ > RANK_GAP."""
+    groups: Dict[tuple, List[Mapping[str, Any]]] = {}
+    for c in cases:
+        groups.setdefault((c["workload"], c["n"], c["link"], c["network"]), []).append(c)
+    agree, wrong = 0, []
+    for group in groups.values():
+        for a, b in itertools.combinations(group, 2):
+            if max(a["measured_s"], b["measured_s"]) < (1 + RANK_GAP) * min(a["measured_s"], b["measured_s"]):
+                continue
+            if (a["measured_s"] < b["measured_s"]) == (a["predicted_s"] < b["predicted_s"]):
+                agree += 1
+            else:
+                wrong.append(f"{a['label']} / {b['contender']}")
+    return {"compared": agree + len(wrong), "agree": agree, "disagree": wrong}
+
+
+def missed_term(case: Mapping[str, Any]) -> str:
+    """Return which part of the model misses a case: the pieces' processor time, or their overlap."""
+    cpu_err = case["predicted_cpu_s"] / case["measured_cpu_s"] - 1.0 if case["measured_cpu_s"] else 0.0
+    cpu = f"processor time {case['predicted_cpu_s'] * 1e3:.0f} ms predicted, {case['measured_cpu_s'] * 1e3:.0f} ms " \
+          "measured (all ranks)"
+    if abs(cpu_err) > CPU_GAP:
+        return f"the pieces' cost: {cpu}"
+    return f"the overlap of the work (waiting, sharing the cores), not its amount: {cpu}"
+
+
+def questions(profile: Profile) -> List[Dict[str, Any]]:
+    """Answer the coded-path questions with the model: relay against direct, and stop-go against DDP."""
+    shm, tcp = profile.links["shm"], profile.links.get("tcp", profile.links["shm"])
+    rows = []
+    for n in QUESTION_COUNTS:
+        for link in ("none", "1"):
+            cluster = _core_per_rank(n, link, shm, tcp)
+            for d in ("direct", "relay"):
+                best = min((predict(profile, Setup("sazd", n, k, dissemination=d), cluster) for k in code_sizes(n)),
+                           key=lambda p: p.iteration_s)
+                rows.append(_answer("relay", n, link, best))
+        stopgo = _core_per_rank(n, "10", shm, tcp).with_straggler(Straggler("stopgo", 0.8))
+        for setup in (Setup("ddp", n, n), Setup("ps", n, n, backup=1), Setup("stanza", n, n, backup=1)):
+            rows.append(_answer("stop-go", n, "10", predict(profile, setup, stopgo)))
+        best = min((predict(profile, Setup("sazd", n, k), stopgo) for k in code_sizes(n)), key=lambda p: p.iteration_s)
+        rows.append(_answer("stop-go", n, "10", best))
+    return rows
+
+
+def _core_per_rank(n: int, link: str, shm: Any, tcp: Any) -> Cluster:
+    rate = math.inf if link == "none" else float(link) * 1e9 / 8
+    return Cluster(hosts=n + 1, cores_per_host=1.0, link_Bps=rate, latency_s=5e-6, local=shm, remote=tcp)
+
+
+def _answer(question: str, n: int, link: str, p: Prediction) -> Dict[str, Any]:
+    s = p.setup
+    return {"question": question, "n": n, "link": link, "scheme": s.scheme, "k": s.k,
+            "dissemination": s.dissemination, "backup_workers": s.backup, "iteration_s": p.iteration_s}
+
+
+def render(report: Dict[str, Any], expectations: Optional[Dict[str, Any]] = None) -> str:
+    """Return plan.md from the report."""
+    cases, s = report["cases"], summary(report["cases"])
+    lines = ["# The cost model of `psf plan` against measured runs", "",
+             f"Command: `{report['command']}`.", f"Machine: {report['machine']}. Date: {report['date']}.", "",
+             "Each case trains as `psf bench peers` does (10 iterations, the first and last left out) and is predicted "
+             "by `psf plan`'s model for the same machine: every rank on one pool of its cores (processor sharing), "
+             "emulated links (comm.emulate: each rank's sends queue on a link of its own) or the real shaped links "
+             "of a cluster of hosts made on this machine (a link per host, incast at the receiver). The profiles "
+             "were taken by `psf plan calibrate` in the same run, each piece alone in one process. Error: "
+             "predicted / measured - 1.", ""]
+    lines += _summary_lines(s)
+    lines += ["", "![predicted against measured](plan.png)", "", "## Cases", "",
+              "| case | measured ms | predicted ms | error | CPU ms measured / predicted | held out |",
+              "|---|---|---|---|---|---|"]
+    for c in cases:
+        lines.append(f"| {c['label']} | {c['measured_s'] * 1e3:.1f} | {c['predicted_s'] * 1e3:.1f} | "
+                     f"{c['error']:+.0%} | {c['measured_cpu_s'] * 1e3:.0f} / {c['predicted_cpu_s'] * 1e3:.0f} | "
+                     f"{c['held_out']} |")
+    misses = [c for c in cases if abs(c["error"]) > WORST_BOUND]
+    if misses:
+        lines += ["", f"## Cases missed by more than {WORST_BOUND:.0%}", ""]
+        lines += [f"- {c['label']} ({c['error']:+.0%}): {missed_term(c)}" for c in misses]
+    lines += ["", "## The coded-path questions, answered by the model", ""] + question_lines(report["questions"], s)
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(s: Mapping[str, Any]) -> List[str]:
+    pairs = s["pairs"]
+    verdict = lambda ok: "within" if ok else "NOT within"  # noqa: E731
+    median, worst = s["median_error"], s["worst_error"]
+    out = ["## Summary", "",
+           f"- {s['cases']} validation cases: median absolute error {median:.1%} ({verdict(median <= MEDIAN_BOUND)} "
+           f"the {MEDIAN_BOUND:.0%} bound), worst {worst:.1%} ({verdict(worst <= WORST_BOUND)} the "
+           f"{WORST_BOUND:.0%} bound).",
+           f"- Rankings: of {pairs['compared']} pairs of schemes in one setting whose measured times differ by more "
+           f"than {RANK_GAP:.0%}, the model orders {pairs['agree']} alike."]
+    if pairs["disagree"]:
+        out.append(f"- Ordered otherwise: {'; '.join(pairs['disagree'])}.")
+    if s["held_out"]:
+        worst_held = s["held_out_worst"]
+        out.append(f"- {s['held_out']} held-out cases: worst error {worst_held:.1%} "
+                   f"({verdict(worst_held <= HELD_OUT_BOUND)} the {HELD_OUT_BOUND:.0%} bound).")
+    return out
+
+
+def question_lines(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> List[str]:
+    """Return the answers as tables: relay over direct, and each scheme over DDP under a stop-go worker."""
+    out = [f"A cluster with a core per rank (n + 1 hosts, 5 us latency; the profile of vgg-small, batch 64). The "
+           f"model's median error on this machine: {s['median_error']:.0%}.", "",
+           "Relay against direct (sazd, the best k of each): seconds per iteration", "",
+           "| n | link | direct ms | relay ms | relay / direct |", "|---|---|---|---|---|"]
+    by = {(r["question"], r["n"], r["link"], r["scheme"], r["dissemination"]): r for r in rows}
+    for n in QUESTION_COUNTS:
+        for link in ("none", "1"):
+            d, r = by[("relay", n, link, "sazd", "direct")], by[("relay", n, link, "sazd", "relay")]
+            words = "no limit" if link == "none" else f"{link} Gb/s"
+            out.append(f"| {n} | {words} | {d['iteration_s'] * 1e3:.1f} | {r['iteration_s'] * 1e3:.1f} | "
+                       f"{r['iteration_s'] / d['iteration_s']:.2f} |")
+    out += ["", "A worker stopped 80% of the time (0.4 s stopped, 0.1 s running), 10 Gb/s links: seconds per "
+            "iteration and DDP's time over the scheme's", "",
+            "| n | DDP ms | ps ms (x) | stanza ms (x) | sazd ms (x) |", "|---|---|---|---|---|"]
+    for n in QUESTION_COUNTS:
+        ddp = by[("stop-go", n, "10", "ddp", "direct")]["iteration_s"]
+        cells = [f"{by[('stop-go', n, '10', name, 'direct')]['iteration_s'] * 1e3:.1f} "
+                 f"({ddp / by[('stop-go', n, '10', name, 'direct')]['iteration_s']:.2f})"
+                 for name in ("ps", "stanza", "sazd")]
+        out.append(f"| {n} | {ddp * 1e3:.1f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def scatter(cases: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Draw predicted against measured seconds per iteration, held-out cases apart (PNG, written atomically)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for held, marker, name in ((False, "o", "validation"), (True, "^", "held out")):
+        chosen = [c for c in cases if bool(c["held_out"]) == held]
+        ax.scatter([c["measured_s"] * 1e3 for c in chosen], [c["predicted_s"] * 1e3 for c in chosen], marker=marker,
+                   label=name, alpha=0.7)
+    top = max([c["measured_s"] for c in cases] + [c["predicted_s"] for c in cases]) * 1e3 * 1.1
+    ax.plot([0, top], [0, top], color="grey", linewidth=0.8)
+    ax.plot([0, top], [0, top * 1.25], color="grey", linewidth=0.5, linestyle="--")
+    ax.plot([0, top], [0, top * 0.75], color="grey", linewidth=0.5, linestyle="--")
+    ax.set_xlabel("measured ms per iteration")
+    ax.set_ylabel("predicted ms per iteration")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,100 @@
+"""The setups a plan compares, their predictions, and the one it recommends with its reason.
+
+The real choices are ps, stanza and sazd (direct or relay) with their n, k, backup workers and
+servers G; torch DDP is predicted beside them as the baseline. Uncoded, poly and sazd-naive are
+baselines and oracles of the project and are not proposed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from psframework.plan.cluster import Cluster
+from psframework.plan.graphs import Setup
+from psframework.plan.predict import Prediction, predict
+from psframework.plan.profile import Profile
+
+SCHEMES = ("ps", "stanza", "sazd", "ddp")
+WORKER_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
+SERVER_COUNTS = (1, 2, 4)
+
+
+def code_sizes(n: int) -> List[int]:
+    """Return the k a plan tries for n workers: one or two parities (more make SA packets long), and n - n/4."""
+    ks = {n - 1, n - 2, n - max(1, n // 4)} if n >= 4 else {n - 1}
+    return sorted(k for k in ks if 1 <= k < n)
+
+
+def setups(max_ranks: int, schemes: Sequence[str] = SCHEMES, counts: Sequence[int] = WORKER_COUNTS) -> List[Setup]:
+    """Return every setup of the schemes whose ranks fit in `max_ranks`."""
+    out: List[Setup] = []
+    for n in counts:
+        for g in SERVER_COUNTS:
+            if g * (n + 1) > max_ranks:
+                continue
+            if "ps" in schemes:
+                out += [Setup("ps", n, n, g, backup=b) for b in (0, 1) if b < n]
+            if "stanza" in schemes:
+                out += [Setup("stanza", n, n, 1, backup=1)] if g == 1 and n > 1 else []
+                out += [Setup("stanza", n, n, g)] if g > 1 or n == 1 else []
+            if "sazd" in schemes:
+                out += [Setup("sazd", n, k, g, d) for k in code_sizes(n) for d in ("direct", "relay")]
+        if "ddp" in schemes and n <= max_ranks:
+            out.append(Setup("ddp", n, n))
+    return out
+
+
+def rows(profile: Profile, cluster: Cluster, candidates: Sequence[Setup]) -> List[Prediction]:
+    """Predict every candidate."""
+    return [predict(profile, setup, cluster) for setup in candidates]
+
+
+def row_json(p: Prediction) -> Dict[str, Any]:
+    """Return one row of `psf plan --json` (the documented, stable fields)."""
+    s = p.setup
+    return {"scheme": s.scheme, "n": s.n, "k": s.k, "servers": s.servers, "dissemination": s.dissemination,
+            "backup_workers": s.backup, "iteration_s": p.iteration_s, "images_per_s": p.images_per_s,
+            "rank0_bytes": p.rank0_bytes}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The setup a plan proposes and why, in one line."""
+
+    best: Prediction
+    reason: str
+    ddp: Optional[Prediction]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {**row_json(self.best), "reason": self.reason,
+                "over_ddp": None if self.ddp is None else self.ddp.iteration_s / self.best.iteration_s}
+
+
+def recommend(profile: Profile, cluster: Cluster, predictions: Sequence[Prediction]) -> Recommendation:
+    """Return the fastest real choice (most images per second) and the reason for it."""
+    choices = [p for p in predictions if p.setup.scheme != "ddp"]
+    best = max(choices, key=lambda p: p.images_per_s)
+    ddps = [p for p in predictions if p.setup.scheme == "ddp"]
+    ddp = max(ddps, key=lambda p: p.images_per_s) if ddps else None
+    return Recommendation(best, reason(profile, cluster, best, ddp), ddp)
+
+
+def reason(profile: Profile, cluster: Cluster, best: Prediction, ddp: Optional[Prediction]) -> str:
+    """Return why `best` wins, in one line."""
+    s = best.setup
+    head = profile.head_params / profile.params if profile.params else 0.0
+    wire = best.rank0_bytes / cluster.link_Bps if not math.isinf(cluster.link_Bps) else 0.0
+    slow = wire > 0.3 * best.iteration_s
+    links = "the links are slow" if slow else "the links keep up"
+    why = {"stanza": f"the head holds {head:.0%} of the parameters, so only features cross rank 0's link, and {links}",
+           "ps": f"the model is small against the links ({best.rank0_bytes / 1e6:.1f} MB at rank 0 per iteration)"
+                 f" and {links}",
+           "sazd": f"rank 0 decodes each coded layer from the first {s.k} of {s.n} workers"}[s.scheme]
+    if cluster.straggler.kind != "none":
+        why += f", with {cluster.straggler.words()}"
+    shape = f"n={s.n}" + (f", k={s.k}" if s.scheme == "sazd" else "") + (f", G={s.servers}" if s.servers > 1 else "") \
+        + (f", {s.backup} backup worker" if s.backup else "") + (f", {s.dissemination}" if s.scheme == "sazd" else "")
+    versus = f"; {ddp.iteration_s / best.iteration_s:.2f}x DDP's speed at n={ddp.setup.n}" if ddp else ""
+    return f"{s.scheme} ({shape}): {why}{versus}"
