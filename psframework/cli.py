@@ -24,7 +24,7 @@ BENCHMARKS = {
     "codec": "psframework.bench.codec",
     "comm": "psframework.bench.comm",
     "peers": "psframework.bench.peers",
-    "plan": "psframework.bench.plan",
+    "plan": "psframework.plan.validate",
     "scaleout": "psframework.bench.scaleout",
     "schemes": "psframework.bench.schemes",
     "stragglers": "psframework.bench.stragglers",

@@ -40,6 +40,7 @@ LAYERS = (
     ("api", "launch", "report", "config_reference"),
     ("netcluster",),
     ("sweep", "bench", ""),
+    ("plan",),
     ("cli",),
     ("__main__",),
 )

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from psframework.plan.choose import code_sizes, recommend, row_json, rows, setups
+from psframework.plan.choose import code_sizes, plan_names, recommend, row_json, rows, setups
 from psframework.plan.cluster import Cluster, PlanError, Straggler, parse_rate, parse_time
 from psframework.plan.graphs import FLOAT, Setup
 from psframework.plan.predict import predict
@@ -156,7 +156,7 @@ def test_a_stopped_worker_holds_ddp_up_and_not_a_first_k_round(profile):
 
 
 def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile):
-    candidates = setups(9, ("ps", "stanza", "sazd", "ddp"), (2, 4, 8))
+    candidates = setups(9, plan_names(), (2, 4, 8))
     assert all(s.ranks <= 9 for s in candidates) and {s.scheme for s in candidates} == {"ps", "stanza", "sazd", "ddp"}
     assert code_sizes(8) == [6, 7] and code_sizes(16) == [12, 14, 15]
     predictions = rows(profile, cluster(), candidates)
@@ -190,6 +190,7 @@ def psf_plan(*args):
     (["--hosts", "9", "--link", "fast"], "--link: got 'fast', expected a rate"),
     (["--hosts", "9", "--link", "1gbit", "--straggler", "late"], "--straggler: got 'late'"),
     (["--hosts", "9", "--link", "1gbit", "--schemes", "ps,magic"], "--schemes: got 'ps,magic'"),
+    (["--hosts", "9", "--link", "1gbit", "--schemes", "ddp"], "(one scheme at least)"),
 ])
 def test_bad_plan_inputs_are_one_line_errors(args, message):
     done = psf_plan("configs/bench_stanza.yaml", *args)
@@ -203,3 +204,27 @@ def test_the_plan_of_the_shipped_profile_prints_stable_json_up_to_n_32():
     assert max(r["n"] for r in out["rows"]) == 32 and all(r["servers"] * (r["n"] + 1) <= 33 for r in out["rows"]
                                                           if r["scheme"] != "ddp")
     assert {"scheme", "n", "k", "servers", "dissemination", "reason"} <= set(out["recommendation"])
+
+
+def test_the_validation_report_renders_errors_rankings_and_the_terms_it_misses():
+    from psframework.plan.validation_report import render, summary
+
+    def case(contender, measured, predicted, held="", cpu=(0.2, 0.2)):
+        return {"label": f"m: {contender}", "workload": "m", "contender": contender, "n": 4, "k": 3, "link": "1",
+                "network": "emulated", "held_out": held, "measured_s": measured, "predicted_s": predicted,
+                "error": predicted / measured - 1, "measured_cpu_s": cpu[0], "predicted_cpu_s": cpu[1]}
+    cases = [case("a", 1.0, 1.05), case("b", 2.0, 1.9), case("c", 3.0, 1.5, cpu=(0.4, 0.2)),
+             case("d", 1.0, 1.1, held="another n")]
+    s = summary(cases)
+    assert s["cases"] == 3 and s["median_error"] == pytest.approx(0.05) and s["worst_error"] == pytest.approx(0.5)
+    assert s["pairs"] == {"compared": 3, "agree": 2, "disagree": ["m: b / c"]}
+    questions = [{"question": "relay", "n": n, "link": link, "scheme": "x", "k": n - 1, "dissemination": d,
+                  "backup_workers": 0, "iteration_s": 0.1} for n in (4, 8, 32, 128) for link in ("none", "1")
+                 for d in ("direct", "relay")]
+    questions += [{"question": "stop-go", "n": n, "link": "10", "scheme": name, "k": n, "dissemination": "direct",
+                   "backup_workers": 0, "iteration_s": 0.2} for n in (4, 8, 32, 128) for name in ("ddp", "x")]
+    text = render({"command": "psf bench plan", "machine": "m", "date": "d", "cases": cases,
+                   "questions": questions})
+    assert "median absolute error 5.0% (within the 10% bound), worst 50.0% (NOT within the 25% bound)" in text
+    assert "m: c (-50%): the pieces' cost: processor time 200 ms predicted, 400 ms measured" in text
+    assert "| 4 | 200.0 | 200.0 (1.00) |" in text

@@ -183,7 +183,7 @@ class Calibration:
         enc, dec = [], []
         biggest = max((self.batch * _prod(c.input_shape) for c in self.placement.coded), default=1024)
         for k in (2, 3, 6):
-            relay = Dissemination("relay", CodeSettings("sazd", k + 1, k))
+            relay = Dissemination("relay", CodeSettings("shift-add", k + 1, k))
             for values in (biggest // 4, biggest):
                 x = torch.randn(values)
                 enc.append((values, self.time(lambda: relay.packets(x))))

@@ -12,13 +12,23 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from psframework.plan.cluster import Cluster
-from psframework.plan.graphs import Setup
+from psframework.plan.graphs import DDP, Setup
 from psframework.plan.predict import Prediction, predict
 from psframework.plan.profile import Profile
+from psframework.schemes.registry import Scheme, get_scheme, scheme_names
 
-SCHEMES = ("ps", "stanza", "sazd", "ddp")
 WORKER_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
 SERVER_COUNTS = (1, 2, 4)
+
+
+def proposed() -> List[Scheme]:
+    """Return the schemes a plan proposes (the registry's real choices), in registration order."""
+    return [get_scheme(name) for name in scheme_names() if get_scheme(name).proposed]
+
+
+def plan_names() -> List[str]:
+    """Return what --schemes may name: the proposed schemes and DDP."""
+    return [s.name for s in proposed()] + [DDP]
 
 
 def code_sizes(n: int) -> List[int]:
@@ -27,22 +37,25 @@ def code_sizes(n: int) -> List[int]:
     return sorted(k for k in ks if 1 <= k < n)
 
 
-def setups(max_ranks: int, schemes: Sequence[str] = SCHEMES, counts: Sequence[int] = WORKER_COUNTS) -> List[Setup]:
-    """Return every setup of the schemes whose ranks fit in `max_ranks`."""
+def shapes(scheme: Scheme, n: int, g: int) -> List[Setup]:
+    """Return the setups of one scheme with n workers per server and g servers."""
+    if scheme.coded:
+        return [Setup(scheme.name, n, k, g, d) for k in code_sizes(n) for d in ("direct", "relay")]
+    # Workers that sum their state across the groups move in step: no backup workers with several servers.
+    backups = (0, 1) if scheme.backup_workers and not (g > 1 and scheme.workers_sum_across_groups) else (0,)
+    return [Setup(scheme.name, n, n, g, backup=b) for b in backups if b < n]
+
+
+def setups(max_ranks: int, names: Sequence[str], counts: Sequence[int] = WORKER_COUNTS) -> List[Setup]:
+    """Return every setup of the named schemes (and DDP) whose ranks fit in `max_ranks`."""
     out: List[Setup] = []
+    chosen = [s for s in proposed() if s.name in names]
     for n in counts:
         for g in SERVER_COUNTS:
-            if g * (n + 1) > max_ranks:
-                continue
-            if "ps" in schemes:
-                out += [Setup("ps", n, n, g, backup=b) for b in (0, 1) if b < n]
-            if "stanza" in schemes:
-                out += [Setup("stanza", n, n, 1, backup=1)] if g == 1 and n > 1 else []
-                out += [Setup("stanza", n, n, g)] if g > 1 or n == 1 else []
-            if "sazd" in schemes:
-                out += [Setup("sazd", n, k, g, d) for k in code_sizes(n) for d in ("direct", "relay")]
-        if "ddp" in schemes and n <= max_ranks:
-            out.append(Setup("ddp", n, n))
+            if g * (n + 1) <= max_ranks:
+                out += [setup for scheme in chosen for setup in shapes(scheme, n, g)]
+        if DDP in names and n <= max_ranks:
+            out.append(Setup(DDP, n, n))
     return out
 
 
@@ -74,9 +87,9 @@ class Recommendation:
 
 def recommend(profile: Profile, cluster: Cluster, predictions: Sequence[Prediction]) -> Recommendation:
     """Return the fastest real choice (most images per second) and the reason for it."""
-    choices = [p for p in predictions if p.setup.scheme != "ddp"]
+    choices = [p for p in predictions if p.setup.scheme != DDP]
     best = max(choices, key=lambda p: p.images_per_s)
-    ddps = [p for p in predictions if p.setup.scheme == "ddp"]
+    ddps = [p for p in predictions if p.setup.scheme == DDP]
     ddp = max(ddps, key=lambda p: p.images_per_s) if ddps else None
     return Recommendation(best, reason(profile, cluster, best, ddp), ddp)
 
@@ -88,13 +101,17 @@ def reason(profile: Profile, cluster: Cluster, best: Prediction, ddp: Optional[P
     wire = best.rank0_bytes / cluster.link_Bps if not math.isinf(cluster.link_Bps) else 0.0
     slow = wire > 0.3 * best.iteration_s
     links = "the links are slow" if slow else "the links keep up"
-    why = {"stanza": f"the head holds {head:.0%} of the parameters, so only features cross rank 0's link, and {links}",
-           "ps": f"the model is small against the links ({best.rank0_bytes / 1e6:.1f} MB at rank 0 per iteration)"
-                 f" and {links}",
-           "sazd": f"rank 0 decodes each coded layer from the first {s.k} of {s.n} workers"}[s.scheme]
+    scheme = get_scheme(s.scheme)
+    if scheme.cuts_model:
+        why = f"the head holds {head:.0%} of the parameters, so only features cross rank 0's link, and {links}"
+    elif scheme.coded:
+        why = f"rank 0 decodes each coded layer from the first {s.k} of {s.n} workers"
+    else:
+        why = f"the model is small against the links ({best.rank0_bytes / 1e6:.1f} MB at rank 0 per iteration) " \
+              f"and {links}"
     if cluster.straggler.kind != "none":
         why += f", with {cluster.straggler.words()}"
-    shape = f"n={s.n}" + (f", k={s.k}" if s.scheme == "sazd" else "") + (f", G={s.servers}" if s.servers > 1 else "") \
-        + (f", {s.backup} backup worker" if s.backup else "") + (f", {s.dissemination}" if s.scheme == "sazd" else "")
+    shape = f"n={s.n}" + (f", k={s.k}, {s.dissemination}" if scheme.coded else "") \
+        + (f", G={s.servers}" if s.servers > 1 else "") + (f", {s.backup} backup worker" if s.backup else "")
     versus = f"; {ddp.iteration_s / best.iteration_s:.2f}x DDP's speed at n={ddp.setup.n}" if ddp else ""
     return f"{s.scheme} ({shape}): {why}{versus}"

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
 from psframework.plan.cluster import Cluster, PlanError, Straggler, parse_rate, parse_time
+from psframework.plan.graphs import DDP
 from psframework.plan.profile import Link, Profile, load, save
 
 PROG = "psf plan"
@@ -53,7 +54,8 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler", default="none", help="none, stopgo:X (a worker stopped X of the time), slow:X "
                    "(a worker X times slower) or slowlink:X (a worker's link at X of its rate)")
     p.add_argument("--profile", help="calibration profile (default: the project's for the config, else taken now)")
-    p.add_argument("--schemes", default="ps,stanza,sazd,ddp", help="comma-separated (default ps,stanza,sazd,ddp)")
+    p.add_argument("--schemes", default=None, help="comma-separated schemes to compare (default: every scheme the "
+                   "plan proposes, and ddp)")
     p.add_argument("--max-n", type=int, default=256, help="largest n to try (default 256)")
     p.add_argument("--json", action="store_true", help="print the rows and the recommendation as JSON")
     p.add_argument("--plot", metavar="FILE", help="draw seconds per iteration against n for each scheme (PNG)")
@@ -78,9 +80,16 @@ def settings_of(config: str, overrides: Sequence[str]):
     from psframework.schemes.validate import load_run, make_settings
 
     try:
-        return make_settings(load_run(config, list(overrides) + ["scheme=sazd", "code.n=2", "code.k=1"]))
+        return make_settings(load_run(config, list(overrides) + [f"scheme={coded_scheme()}", "code.n=2", "code.k=1"]))
     except ConfigError as exc:
         raise PlanError(str(exc)) from None
+
+
+def coded_scheme() -> str:
+    """Return the first registered scheme with a shift-and-add code: its settings place every convolution."""
+    from psframework.schemes.registry import get_scheme, scheme_names
+
+    return next(name for name in scheme_names() if get_scheme(name).code == "shift-add")
 
 
 def default_profile(model: str, batch: int) -> str:
@@ -185,12 +194,13 @@ def cluster_of(args: argparse.Namespace, profile: Profile) -> Cluster:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from psframework.plan.choose import SCHEMES, WORKER_COUNTS, recommend, row_json, rows, setups
+    from psframework.plan.choose import WORKER_COUNTS, plan_names, recommend, row_json, rows, setups
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    unknown = [s for s in schemes if s not in SCHEMES]
-    if unknown or not schemes:
-        raise PlanError(f"--schemes: got {args.schemes!r}, expected a comma-separated list of {', '.join(SCHEMES)}")
+    known = plan_names()
+    schemes = known if args.schemes is None else [s.strip() for s in args.schemes.split(",") if s.strip()]
+    if not schemes or any(s not in known for s in schemes) or not set(schemes) - {DDP}:
+        raise PlanError(f"--schemes: got {args.schemes!r}, expected a comma-separated list of {', '.join(known)} "
+                        "(one scheme at least)")
     check_cluster(args)
     settings = settings_of(args.config, args.overrides)
     profile = profile_for(args, settings)
@@ -224,21 +234,31 @@ def table(predictions) -> List[str]:
              f"{'rank0 MB':>9}"]
     for p in sorted(predictions, key=lambda p: (p.setup.n, p.iteration_s)):
         s = p.setup
-        lines.append(f"{s.scheme:8} {s.n:4d} {s.k if s.scheme == 'sazd' else '':>4} {s.servers:2d} {s.backup:2d} "
-                     f"{s.dissemination if s.scheme == 'sazd' else '':8} {p.iteration_s * 1e3:10.1f} "
+        coded = coded_setup(s)
+        lines.append(f"{s.scheme:8} {s.n:4d} {s.k if coded else '':>4} {s.servers:2d} {s.backup:2d} "
+                     f"{s.dissemination if coded else '':8} {p.iteration_s * 1e3:10.1f} "
                      f"{p.images_per_s:10.0f} {p.rank0_bytes / 1e6:9.1f}")
     return lines
 
 
+def coded_setup(setup) -> bool:
+    """Return whether a setup's scheme codes its conv layers (its k and delivery matter)."""
+    from psframework.schemes.registry import get_scheme
+
+    return setup.scheme != DDP and get_scheme(setup.scheme).coded
+
+
 def plot(predictions, path: str, title: str) -> None:
     """Draw the fastest setup of each scheme at each n (seconds per iteration against n)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from psframework.report import ReportError, pyplot, save_figure
 
+    try:
+        plt = pyplot()
+    except ReportError as exc:
+        raise PlanError(f"--plot: {exc}") from None
     best: Dict[str, Dict[int, float]] = {}
     for p in predictions:
-        name = p.setup.scheme + (f" {p.setup.dissemination}" if p.setup.scheme == "sazd" else "")
+        name = p.setup.scheme + (f" {p.setup.dissemination}" if coded_setup(p.setup) else "")
         current = best.setdefault(name, {}).get(p.setup.n)
         if current is None or p.iteration_s < current:
             best[name][p.setup.n] = p.iteration_s
@@ -252,8 +272,4 @@ def plot(predictions, path: str, title: str) -> None:
     ax.set_ylabel("ms per iteration (predicted)")
     ax.set_title(title, fontsize=8)
     ax.legend()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(plt, ax, path)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from psframework.plan.graphs import Setup
+from psframework.plan.graphs import DDP, Setup
 from psframework.plan.profile import Link
 from psframework.plan.sim import Machine
 
@@ -101,7 +101,7 @@ class Cluster:
 
     def lagging_rank(self, setup: Setup) -> int:
         """Return the rank that straggles: the second worker (DDP's second process)."""
-        return 1 if setup.scheme == "ddp" else 2
+        return 1 if setup.scheme == DDP else 2
 
     def machine(self, setup: Setup, start_s: float = 0.0) -> Machine:
         """Return the simulation's machine for a setup's ranks."""

@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from psframework.codes import SAZDCode, UncodedCode
+from psframework.codes import make_code
 from psframework.plan.profile import ConvLayer, Profile
 from psframework.plan.sim import Graph
 
 FLOAT = 4  # bytes of a value on the wire (float32)
+DDP = "ddp"  # torch DistributedDataParallel, the baseline every plan predicts beside the schemes
 DDP_BUCKET_BYTES = 25 << 20  # torch DDP's bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 1 << 20  # and its smaller first bucket
 RELAY_EXACT_UP_TO = 16  # workers up to which every relayed packet is a message of its own
@@ -26,7 +27,7 @@ RELAY_EXACT_UP_TO = 16  # workers up to which every relayed packet is a message 
 class Setup:
     """One way to train: the scheme and its shape."""
 
-    scheme: str  # ps, stanza, sazd, uncoded, ddp
+    scheme: str  # a registered scheme with a cost graph, or DDP
     n: int
     k: int
     servers: int = 1
@@ -35,7 +36,7 @@ class Setup:
 
     @property
     def ranks(self) -> int:
-        return self.n if self.scheme == "ddp" else self.servers * (self.n + 1)
+        return self.n if self.scheme == DDP else self.servers * (self.n + 1)
 
     def server(self, g: int) -> int:
         return g * (self.n + 1)
@@ -56,12 +57,15 @@ class Builder:
 
     def build(self, graph: Graph, iterations: int) -> List[int]:
         """Add the iterations; return rank 0's last task of each."""
-        add = {"ps": self._ps, "stanza": self._stanza, "sazd": self._coded, "uncoded": self._coded,
-               "ddp": self._ddp}[self.s.scheme]
-        ends: List[int] = []
-        for _ in range(iterations):
-            ends.append(add(graph))
-        return ends
+        if self.s.scheme == DDP:
+            return [self._ddp(graph) for _ in range(iterations)]
+        from psframework.schemes.registry import get_scheme
+
+        scheme = get_scheme(self.s.scheme)
+        if scheme.cost_graph is None:
+            raise ValueError(f"scheme {scheme.name} has no cost graph in the registry")
+        add = scheme.load(scheme.cost_graph)
+        return [add(self, graph) for _ in range(iterations)]
 
     # ------------------------------------------------------------------ helpers
     def share(self) -> float:
@@ -156,7 +160,9 @@ class Builder:
     # ------------------------------------------------------------------ sazd, uncoded
     def _coded(self, graph: Graph) -> int:
         p, s = self.p, self.s
-        code = UncodedCode(s.n) if s.scheme == "uncoded" else SAZDCode(s.n, s.k, systematic=True)
+        from psframework.schemes.registry import get_scheme
+
+        code = make_code(get_scheme(s.scheme).code, s.n, s.k)
         k = code.k
         batch = self.share()
         rounds = [(layer, True) for layer in p.layers] + [(p.layers[i], False) for i in p.backward_order]
@@ -258,6 +264,21 @@ class Builder:
             done.append(previous)
         ends = [graph.compute(r, p.optimizer(p.params), [previous], "step") for r in ranks]
         return ends[0]
+
+
+def ps_iteration(builder: Builder, graph: Graph) -> int:
+    """Add one iteration of a parameter server (the registry's cost graph of ps); return rank 0's last task."""
+    return builder._ps(graph)
+
+
+def stanza_iteration(builder: Builder, graph: Graph) -> int:
+    """Add one iteration of layer separation (stanza's cost graph)."""
+    return builder._stanza(graph)
+
+
+def coded_iteration(builder: Builder, graph: Graph) -> int:
+    """Add one iteration of coded conv layers (the cost graph of the coded schemes)."""
+    return builder._coded(graph)
 
 
 def packet_channels(code, channels: int, symbol_size: int = 1) -> int:

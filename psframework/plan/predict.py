@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from psframework.plan.cluster import STOP_GO_PERIOD_S, Cluster
-from psframework.plan.graphs import FLOAT, Builder, Setup
+from psframework.plan.graphs import DDP, FLOAT, Builder, Setup
 from psframework.plan.profile import Profile
 from psframework.plan.sim import COMPUTE, MESSAGE, Graph, simulate
 
@@ -72,7 +72,7 @@ def predict(profile: Profile, setup: Setup, cluster: Cluster) -> Prediction:
 def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int) -> Prediction:
     graph = Graph()
     skip = cluster.lagging_rank(setup) if cluster.straggler.kind != "none" else None
-    collective = ring(profile, cluster, setup.ranks, tcp=setup.scheme == "ddp")
+    collective = ring(profile, cluster, setup.ranks, tcp=setup.scheme == DDP)
     ends = Builder(profile, setup, collective, skip).build(graph, iterations)
     machine = cluster.machine(setup, start_s=0.0)
     finish = simulate(graph, machine)
@@ -98,7 +98,7 @@ def processor_time(graph: Graph, machine) -> float:
 
 def rank0_bytes(profile: Profile, setup: Setup, graph: Graph) -> float:
     """Return the bytes rank 0 sends and receives in the graph (DDP: a process's ring allreduce)."""
-    if setup.scheme == "ddp":
+    if setup.scheme == DDP:
         steps = sum(1 for t in graph.tasks if t.label == "step" and t.rank == 0)
         return 2 * 2 * (setup.n - 1) / setup.n * FLOAT * profile.params * steps
     return float(sum(t.nbytes for t in graph.tasks if t.kind == MESSAGE and 0 in (t.rank, t.dst)))

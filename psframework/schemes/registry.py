@@ -64,6 +64,8 @@ class Scheme:
     backup_workers: bool = False  # rank 0 may go on without the b slowest workers
     shards_batch: bool = False  # each worker computes on its own shard of the global batch
     worker_part: str = "trunk"  # what a data-parallel worker holds of the model: the "trunk" or the whole "model"
+    cost_graph: Optional[str] = None  # "module:function" adding one iteration to psf plan's task graph
+    proposed: bool = False  # psf plan proposes it (a real choice, not a baseline or an oracle)
 
     @property
     def mpi(self) -> bool:
@@ -240,21 +242,22 @@ _CODED = dict(module="psframework.schemes.coded.server", server="CodedServerSide
               worker="psframework.schemes.coded.worker:CodedWorkerSide",
               group_worker="psframework.schemes.coded.worker:GroupCodedWorkerSide",
               byte_model="psframework.schemes.coded.exchange:expected_server_bytes",
-              sync_model="expected_sync_bytes", linear_conv_optimizer=True)
-_PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True)
+              sync_model="expected_sync_bytes", linear_conv_optimizer=True,
+              cost_graph="psframework.plan.graphs:coded_iteration")
+_PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True, proposed=True)
 
 register(Scheme("reference", "one process, whole model: the correctness oracle",
                 "psframework.schemes.reference", "ReferenceTrainer"))
 register(Scheme("ps", "parameter server: whole model replicated on the workers, data parallel",
                 "psframework.schemes.ps", "PSServer", "PSWorker", group_server="ShardedPSServer", worker_part="model",
-                sync_model="expected_sync_bytes", **_PARALLEL))
+                sync_model="expected_sync_bytes", cost_graph="psframework.plan.graphs:ps_iteration", **_PARALLEL))
 register(Scheme("stanza", "layer separation: conv stack on the workers (data parallel), FC head on rank 0",
                 "psframework.schemes.stanza", "StanzaServer", "StanzaWorker",
                 group_server="GroupStanzaServer", group_worker="GroupStanzaWorker",
                 group_byte_model="expected_group_server_bytes", sync_model="expected_sync_bytes",
-                **_PARALLEL))
+                cost_graph="psframework.plan.graphs:stanza_iteration", **_PARALLEL))
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
-                code="shift-add", **_CODED))
+                code="shift-add", proposed=True, **_CODED))
 register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",
                 "psframework.schemes.coded.naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add",
                 sync_model="expected_sync_bytes"))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from psframework.plan.choose import code_sizes
+from psframework.plan.choose import code_sizes, shapes
 from psframework.plan.cluster import Cluster, Straggler
-from psframework.plan.graphs import Setup
+from psframework.plan.graphs import DDP, Setup
 from psframework.plan.predict import Prediction, predict
 from psframework.plan.profile import Profile
+from psframework.schemes.registry import get_scheme
 
 MEDIAN_BOUND, WORST_BOUND, HELD_OUT_BOUND = 0.10, 0.25, 0.15
 RANK_GAP = 0.15  # measured times that differ by more than this must be ordered alike by the model
@@ -23,7 +23,7 @@ QUESTION_COUNTS = (4, 8, 32, 128)
 
 def row(check: Any, measured: Mapping[str, Any], predicted: Prediction, load: float) -> Dict[str, Any]:
     """Return one case of the report."""
-    return {"label": check.label, "workload": check.workload.name, "contender": check.contender, "n": check.n,
+    return {"label": check.label, "workload": check.workload.name, "contender": check.contender.name, "n": check.n,
             "k": predicted.setup.k, "link": check.link, "network": check.network, "held_out": check.held_out,
             "measured_s": measured["iteration_s"], "predicted_s": predicted.iteration_s,
             "error": predicted.iteration_s / measured["iteration_s"] - 1.0,
@@ -70,23 +70,27 @@ def missed_term(case: Mapping[str, Any]) -> str:
     return f"the overlap of the work (waiting, sharing the cores), not its amount: {cpu}"
 
 
-def questions(profile: Profile) -> List[Dict[str, Any]]:
-    """Answer the coded-path questions with the model: relay against direct, and stop-go against DDP."""
+def questions(profile: Profile, coded: str, versus_ddp: Sequence[str]) -> List[Dict[str, Any]]:
+    """Answer the coded-path questions with the model: relay against direct delivery of the `coded` scheme, and
+    each of `versus_ddp` (with one backup worker where it takes them) against DDP under a stop-go worker."""
     shm, tcp = profile.links["shm"], profile.links.get("tcp", profile.links["shm"])
     rows = []
     for n in QUESTION_COUNTS:
         for link in ("none", "1"):
             cluster = _core_per_rank(n, link, shm, tcp)
             for d in ("direct", "relay"):
-                best = min((predict(profile, Setup("sazd", n, k, dissemination=d), cluster) for k in code_sizes(n)),
-                           key=lambda p: p.iteration_s)
-                rows.append(_answer("relay", n, link, best))
+                rows.append(_answer("relay", n, link, _best(profile, cluster, [Setup(coded, n, k, dissemination=d)
+                                                                               for k in code_sizes(n)])))
         stopgo = _core_per_rank(n, "10", shm, tcp).with_straggler(Straggler("stopgo", 0.8))
-        for setup in (Setup("ddp", n, n), Setup("ps", n, n, backup=1), Setup("stanza", n, n, backup=1)):
-            rows.append(_answer("stop-go", n, "10", predict(profile, setup, stopgo)))
-        best = min((predict(profile, Setup("sazd", n, k), stopgo) for k in code_sizes(n)), key=lambda p: p.iteration_s)
-        rows.append(_answer("stop-go", n, "10", best))
+        rows.append(_answer("stop-go", n, "10", predict(profile, Setup(DDP, n, n), stopgo)))
+        for name in versus_ddp:
+            rows.append(_answer("stop-go", n, "10", _best(profile, stopgo, [
+                s for s in shapes(get_scheme(name), n, 1) if s.dissemination == "direct" and s.backup <= 1])))
     return rows
+
+
+def _best(profile: Profile, cluster: Cluster, candidates: Sequence[Setup]) -> Prediction:
+    return min((predict(profile, s, cluster) for s in candidates), key=lambda p: p.iteration_s)
 
 
 def _core_per_rank(n: int, link: str, shm: Any, tcp: Any) -> Cluster:
@@ -148,35 +152,36 @@ def _summary_lines(s: Mapping[str, Any]) -> List[str]:
 
 def question_lines(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> List[str]:
     """Return the answers as tables: relay over direct, and each scheme over DDP under a stop-go worker."""
+    relay = [r for r in rows if r["question"] == "relay"]
+    coded = relay[0]["scheme"]
     out = [f"A cluster with a core per rank (n + 1 hosts, 5 us latency; the profile of vgg-small, batch 64). The "
            f"model's median error on this machine: {s['median_error']:.0%}.", "",
-           "Relay against direct (sazd, the best k of each): seconds per iteration", "",
+           f"Relay against direct delivery ({coded}, the best k of each): milliseconds per iteration", "",
            "| n | link | direct ms | relay ms | relay / direct |", "|---|---|---|---|---|"]
     by = {(r["question"], r["n"], r["link"], r["scheme"], r["dissemination"]): r for r in rows}
     for n in QUESTION_COUNTS:
         for link in ("none", "1"):
-            d, r = by[("relay", n, link, "sazd", "direct")], by[("relay", n, link, "sazd", "relay")]
+            d, r = by[("relay", n, link, coded, "direct")], by[("relay", n, link, coded, "relay")]
             words = "no limit" if link == "none" else f"{link} Gb/s"
-            out.append(f"| {n} | {words} | {d['iteration_s'] * 1e3:.1f} | {r['iteration_s'] * 1e3:.1f} | "
-                       f"{r['iteration_s'] / d['iteration_s']:.2f} |")
-    out += ["", "A worker stopped 80% of the time (0.4 s stopped, 0.1 s running), 10 Gb/s links: seconds per "
-            "iteration and DDP's time over the scheme's", "",
-            "| n | DDP ms | ps ms (x) | stanza ms (x) | sazd ms (x) |", "|---|---|---|---|---|"]
+            out.append(f"| {n} | {words} | {d['iteration_s'] * 1e3:.1f} (k={d['k']}) | {r['iteration_s'] * 1e3:.1f} "
+                       f"(k={r['k']}) | {r['iteration_s'] / d['iteration_s']:.2f} |")
+    names = list(dict.fromkeys(r["scheme"] for r in rows if r["question"] == "stop-go" and r["scheme"] != DDP))
+    out += ["", "A worker stopped 80% of the time (0.4 s stopped, 0.1 s running), 10 Gb/s links: milliseconds per "
+            "iteration, and DDP's time over the scheme's", "",
+            "| n | DDP ms | " + " | ".join(f"{name} ms (DDP / {name})" for name in names) + " |",
+            "|---|---|" + "---|" * len(names)]
     for n in QUESTION_COUNTS:
-        ddp = by[("stop-go", n, "10", "ddp", "direct")]["iteration_s"]
-        cells = [f"{by[('stop-go', n, '10', name, 'direct')]['iteration_s'] * 1e3:.1f} "
-                 f"({ddp / by[('stop-go', n, '10', name, 'direct')]['iteration_s']:.2f})"
-                 for name in ("ps", "stanza", "sazd")]
-        out.append(f"| {n} | {ddp * 1e3:.1f} | " + " | ".join(cells) + " |")
+        ddp = by[("stop-go", n, "10", DDP, "direct")]["iteration_s"]
+        cells = [by[("stop-go", n, "10", name, "direct")]["iteration_s"] for name in names]
+        out.append(f"| {n} | {ddp * 1e3:.1f} | " + " | ".join(f"{c * 1e3:.1f} ({ddp / c:.2f})" for c in cells) + " |")
     return out
 
 
 def scatter(cases: Sequence[Mapping[str, Any]], path: str) -> None:
     """Draw predicted against measured seconds per iteration, held-out cases apart (PNG, written atomically)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from psframework.report import pyplot, save_figure
 
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for held, marker, name in ((False, "o", "validation"), (True, "^", "held out")):
         chosen = [c for c in cases if bool(c["held_out"]) == held]
@@ -189,8 +194,4 @@ def scatter(cases: Sequence[Mapping[str, Any]], path: str) -> None:
     ax.set_xlabel("measured ms per iteration")
     ax.set_ylabel("predicted ms per iteration")
     ax.legend()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(plt, ax, path)

@@ -13,23 +13,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import yaml
+
 from psframework.bench import peers, peers_net
-from psframework.bench import plan_report
+from psframework.plan import validation_report as plan_report
 from psframework.bench import report as rep
+from psframework.bench.contenders import Contender
 from psframework.bench.contenders import load as load_contenders
-from psframework.bench.peers_links import EMULATED, NETCLUSTER
-from psframework.bench.runs import machine
+from psframework.bench.peers_links import EMULATED, NETCLUSTER, link_words
+from psframework.bench.runs import machine, setting
 from psframework.plan.cluster import Cluster
-from psframework.plan.graphs import Setup
+from psframework.plan.graphs import DDP, Setup
 from psframework.plan.predict import predict
 from psframework.plan.profile import Profile, save
 
 PROG = "psf bench plan"
 NAME = "plan"
 CORES = float(os.cpu_count() or 1)
+DEFAULT_CASES = os.path.join("configs", "bench", "plan.yaml")
 
 
 @dataclass(frozen=True)
@@ -41,19 +46,12 @@ class Workload:
     overrides: Tuple[str, ...] = ()
 
 
-VGG = Workload("vgg-small, batch 64", "configs/bench_stanza.yaml")
-ALEX = Workload("alexnet-small, batch 64", "configs/bench_stanza.yaml", ("model.name=alexnet-small",))
-LENET = Workload("lenet5, batch 64", "configs/bench_stanza.yaml", ("model.name=lenet5",))
-RESNET = Workload("resnet20, batch 32", "configs/bench_stanza.yaml", ("model.name=resnet20", "data.batch_size=32"))
-CONTENDERS = ("ddp", "ps", "stanza", "sazd")
-
-
 @dataclass(frozen=True)
 class Check:
     """One validation case: a contender of `psf bench peers` on a workload, n workers and a link."""
 
     workload: Workload
-    contender: str
+    contender: Contender
     n: int
     link: str  # none, or Gb/s
     network: str = EMULATED
@@ -63,33 +61,55 @@ class Check:
     @property
     def label(self) -> str:
         k = f", k={self.k}" if self.k else ""
-        return f"{self.workload.name}: {self.contender}, n={self.n}{k}, {peers.link_words(self.link, self.network)}"
+        return f"{self.workload.name}: {self.contender.name}, n={self.n}{k}, {link_words(self.link, self.network)}"
 
 
-def checks(quick: bool = False) -> List[Check]:
-    """Return the validation cases, then the held-out ones."""
-    workloads = (VGG,) if quick else (VGG, ALEX, LENET)
-    counts = (4,) if quick else (4, 8)
-    links = ("none", "1") if not quick else ("1",)
-    out = [Check(w, c, n, link) for w in workloads for n in counts for link in links for c in CONTENDERS]
-    out += [Check(VGG, c, 2, "none") for c in CONTENDERS] if not quick else []
-    for w in ((VGG, LENET) if not quick else (VGG,)):
-        out += [Check(w, c, 4, link, NETCLUSTER) for link in ("10", "1") for c in CONTENDERS]
-    held = [Check(RESNET, c, 4, "none", held_out="another model and batch") for c in ("ps", "stanza", "sazd")]
-    held += [Check(VGG, "sazd", 6, "1", k=4, held_out="another (n, k)"),
-             Check(VGG, "ps", 6, "1", held_out="another n")]
-    held += [Check(VGG, c, 4, "2.5", held_out="another link speed") for c in ("ps", "sazd")]
-    return out + (held[:2] if quick else held)
+@dataclass(frozen=True)
+class CaseFile:
+    """The cases of the benchmark (configs/bench/plan.yaml) and its questions."""
+
+    checks: Tuple[Check, ...]
+    questions: Dict[str, Any]
+    workloads: Dict[str, Workload]
+
+
+def load_cases(path: str, contenders: Dict[str, Contender]) -> CaseFile:
+    """Read the case file; ValueError names the first entry that cannot be used."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    workloads = {name: Workload(name, w["config"], tuple(w.get("overrides") or ()))
+                 for name, w in data["workloads"].items()}
+    checks: List[Check] = []
+    for held, groups in ((False, data["validation"]), (True, data.get("held_out") or [])):
+        for i, group in enumerate(groups):
+            unknown = [w for w in group["workloads"] if w not in workloads] + \
+                [c for c in group["contenders"] if c not in contenders]
+            if unknown:
+                raise ValueError(f"{path}: group {i + 1}: unknown workload or contender {unknown[0]!r}")
+            for w in group["workloads"]:
+                for n in group["n"]:
+                    for link in group["links"]:
+                        checks += [Check(workloads[w], contenders[c], int(n), str(link), group.get("network", EMULATED),
+                                         group.get("k"), group["why"] if held else "") for c in group["contenders"]]
+    return CaseFile(tuple(checks), data["questions"], workloads)
+
+
+def quick(cases: Sequence[Check]) -> List[Check]:
+    """Return a smoke run's cases: the first workload's at the first link of each network, one held out."""
+    first = cases[0].workload
+    keep = [c for c in cases if not c.held_out and c.workload == first and c.n == cases[0].n]
+    links = {net: next(c.link for c in keep if c.network == net) for net in {c.network for c in keep}}
+    return [c for c in keep if c.link == links[c.network]] + [c for c in cases if c.held_out][:2]
 
 
 def setup_of(check: Check, case: peers.Case) -> Setup:
-    """Return the model's setup of a case."""
-    name = check.contender
-    if name == "ddp":
-        return Setup("ddp", check.n, check.n)
-    if name in ("ps", "stanza"):
-        return Setup(name, check.n, check.n, backup=1)
-    return Setup("sazd", check.n, check.k or case.k)
+    """Return the model's setup of a case, read from its contender's overrides."""
+    if case.ddp:
+        return Setup(DDP, check.n, check.n)
+    values = dict(o.split("=", 1) for o in check.contender.overrides)
+    scheme = values["scheme"]
+    return Setup(scheme, check.n, check.k or case.k, dissemination=values.get("comm.dissemination", "direct"),
+                 backup=int(values.get("train.backup_workers", 0)))
 
 
 def cluster_of(check: Check, profile: Profile) -> Cluster:
@@ -109,6 +129,7 @@ def cluster_of(check: Check, profile: Profile) -> Cluster:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="the cost model of psf plan against measured runs")
     rep.add_report_options(p, NAME)
+    p.add_argument("--cases", default=DEFAULT_CASES, help=f"the cases and questions (default {DEFAULT_CASES})")
     p.add_argument("--iterations", type=int, default=10, help="iterations per case (default 10)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per case (default 600)")
     p.add_argument("--quick", action="store_true", help="a few cases: a smoke run of the whole benchmark")
@@ -145,19 +166,24 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
     if args.iterations < 3:
         return rep.fail(PROG, f"--iterations: got {args.iterations}, expected 3 or more")
     out = args.out or rep.DEFAULT_OUT
-    todo = checks(args.quick)
-    workloads = list(dict.fromkeys(c.workload for c in todo))
+    try:
+        default_scheme = setting(peers.DEFAULT_CONFIG, [])["scheme"]
+        contenders = {c.name: c for c in load_contenders(peers.DEFAULT_CONTENDERS, default_scheme).contenders}
+        cases = load_cases(args.cases, contenders)
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        return rep.fail(PROG, f"--cases: {exc}")
+    todo = quick(cases.checks) if args.quick else list(cases.checks)
     netcluster = not args.no_netcluster and peers_net.require() is None
     todo = [c for c in todo if netcluster or c.network != NETCLUSTER]
+    workloads = list(dict.fromkeys([c.workload for c in todo] + [cases.workloads[cases.questions["profile"]]]))
     found = profiles(workloads, out, netcluster)
-    contenders = {c.name: c for c in load_contenders(peers.DEFAULT_CONTENDERS, "stanza").contenders}
     rows = []
-    with real_links(netcluster) as net:
+    with real_links(netcluster) as net, tempfile.TemporaryDirectory(prefix="psf-plan-") as runs:
         for check in todo:
-            case = peers.Case(contenders[check.contender], check.n, check.link, "none", check.network)
+            case = peers.Case(check.contender, check.n, check.link, "none", check.network)
             extra = list(check.workload.overrides) + ([f"code.k={check.k}"] if check.k else [])
             opts = peers.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout)
-            measured = peers.run_case(case, opts, os.path.join(out, "plan-runs"), net)
+            measured = peers.run_case(case, opts, runs, net)
             profile = found[check.workload.name]
             predicted = predict(profile, setup_of(check, case), cluster_of(check, profile))
             rows.append(plan_report.row(check, measured, predicted, os.getloadavg()[0]))
@@ -165,11 +191,13 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
                   f"{predicted.iteration_s * 1e3:.1f} ms", flush=True)
     os.makedirs(out, exist_ok=True)
     plan_report.scatter(rows, os.path.join(out, "plan.png"))
+    q = cases.questions
     return {"benchmark": NAME, "command": rep.command_line(PROG, argv), "machine": machine(), "date": rep.today(),
-            "inputs": {"iterations": args.iterations, "workloads": [asdict(w) for w in workloads],
+            "inputs": {"iterations": args.iterations, "cases": args.cases,
+                       "workloads": [asdict(w) for w in workloads],
                        "profiles": {name: {"machine": p.machine, "date": p.date, "links": asdict(p)["links"]}
                                     for name, p in found.items()}},
-            "cases": rows, "questions": plan_report.questions(found[VGG.name])}
+            "cases": rows, "questions": plan_report.questions(found[q["profile"]], q["coded"], q["stop_go"])}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
