@@ -102,8 +102,10 @@ def reason(profile: Profile, cluster: Cluster, best: Prediction, ddp: Optional[P
     slow = wire > 0.3 * best.iteration_s
     links = "the links are slow" if slow else "the links keep up"
     scheme = get_scheme(s.scheme)
-    if scheme.cuts_model:
+    if scheme.cuts_model and head >= 0.5:
         why = f"the head holds {head:.0%} of the parameters, so only features cross rank 0's link, and {links}"
+    elif scheme.cuts_model:
+        why = f"rank 0 runs the head ({head:.0%} of the parameters) while the workers share the trunk, and {links}"
     elif scheme.coded:
         why = f"rank 0 decodes each coded layer from the first {s.k} of {s.n} workers"
     else:

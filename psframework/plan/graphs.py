@@ -58,7 +58,7 @@ class Builder:
     def build(self, graph: Graph, iterations: int) -> List[int]:
         """Add the iterations; return rank 0's last task of each."""
         if self.s.scheme == DDP:
-            return [self._ddp(graph) for _ in range(iterations)]
+            return [self.ddp(graph) for _ in range(iterations)]
         from psframework.schemes.registry import get_scheme
 
         scheme = get_scheme(self.s.scheme)
@@ -86,7 +86,7 @@ class Builder:
         return [graph.compute(s, 0.0, [done], "synced") for s in servers]
 
     # ------------------------------------------------------------------ ps
-    def _ps(self, graph: Graph) -> int:
+    def parameter_server(self, graph: Graph) -> int:
         p, s = self.p, self.s
         shard = p.params // s.servers  # each server's part of the parameters
         total = s.n * s.servers
@@ -115,7 +115,7 @@ class Builder:
         return [w for g in range(self.s.servers) for w in self.s.workers(g)]
 
     # ------------------------------------------------------------------ stanza
-    def _stanza(self, graph: Graph) -> int:
+    def layer_separation(self, graph: Graph) -> int:
         p, s = self.p, self.s
         samples = p.batch / (s.n * s.servers)
         features = FLOAT * round(samples * p.feature_values)
@@ -158,7 +158,7 @@ class Builder:
         return order[:count]
 
     # ------------------------------------------------------------------ sazd, uncoded
-    def _coded(self, graph: Graph) -> int:
+    def coded(self, graph: Graph) -> int:
         p, s = self.p, self.s
         from psframework.schemes.registry import get_scheme
 
@@ -245,7 +245,7 @@ class Builder:
         return out
 
     # ------------------------------------------------------------------ ddp
-    def _ddp(self, graph: Graph) -> int:
+    def ddp(self, graph: Graph) -> int:
         p, n = self.p, self.s.n
         samples = p.batch / n
         total = p.model_step(samples)
@@ -268,17 +268,17 @@ class Builder:
 
 def ps_iteration(builder: Builder, graph: Graph) -> int:
     """Add one iteration of a parameter server (the registry's cost graph of ps); return rank 0's last task."""
-    return builder._ps(graph)
+    return builder.parameter_server(graph)
 
 
 def stanza_iteration(builder: Builder, graph: Graph) -> int:
     """Add one iteration of layer separation (stanza's cost graph)."""
-    return builder._stanza(graph)
+    return builder.layer_separation(graph)
 
 
 def coded_iteration(builder: Builder, graph: Graph) -> int:
     """Add one iteration of coded conv layers (the cost graph of the coded schemes)."""
-    return builder._coded(graph)
+    return builder.coded(graph)
 
 
 def packet_channels(code, channels: int, symbol_size: int = 1) -> int:

@@ -17,7 +17,8 @@ from psframework.plan.profile import Profile
 from psframework.plan.sim import COMPUTE, MESSAGE, Graph, simulate
 
 CALM_ITERATIONS = 3
-MAX_ITERATIONS = 60
+MAX_ITERATIONS = 400  # a stop-go replay's longest
+STOP_GO_CYCLES = 3
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,16 @@ def predict(profile: Profile, setup: Setup, cluster: Cluster) -> Prediction:
         if cluster.straggler.kind == "none":
             return calm
         return _run(profile, setup, cluster, CALM_ITERATIONS)
-    # Enough iterations to cover several stop-go cycles, timed from the first stop on.
-    count = int(min(MAX_ITERATIONS, max(8, math.ceil(4 * STOP_GO_PERIOD_S / max(calm.iteration_s, 1e-6)))))
-    return _run(profile, setup, cluster, count)
+    # Iterations enough to cover STOP_GO_CYCLES cycles (the stop begins with the run), each a whole
+    # share of them: the mean over whole cycles, whatever the iteration's length.
+    horizon = STOP_GO_CYCLES * STOP_GO_PERIOD_S
+    count = int(min(MAX_ITERATIONS, max(8, math.ceil(horizon / max(calm.iteration_s, 1e-9)) + 2)))
+    return _run(profile, setup, cluster, count, from_start=True)
 
 
-def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int) -> Prediction:
+def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int, from_start: bool = False) -> Prediction:
+    """Replay `iterations` iterations; time them after the first (`from_start`: from the start, as a stop-go run
+    is timed over whole cycles)."""
     graph = Graph()
     skip = cluster.lagging_rank(setup) if cluster.straggler.kind != "none" else None
     collective = ring(profile, cluster, setup.ranks, tcp=setup.scheme == DDP)
@@ -80,7 +85,11 @@ def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int) -> P
     if any(math.isnan(t) for t in times):
         raise RuntimeError(f"{setup}: the simulated iteration did not finish (a round waits for more replies "
                            "than it has workers)")
-    per = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else times[0]
+    if from_start:
+        done = [t for t in times if t <= STOP_GO_CYCLES * STOP_GO_PERIOD_S] or times[:1]
+        per = done[-1] / len(done)
+    else:
+        per = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else times[0]
     return Prediction(setup, per, rank0_bytes(profile, setup, graph) / iterations,
                       processor_time(graph, machine) / iterations, profile.batch)
 
