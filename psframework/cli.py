@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from psframework import __version__, environment
@@ -31,6 +32,21 @@ BENCHMARKS = {
 }
 
 OWN_PARSERS = {"sweep": "psframework.sweep", "report": "psframework.report", "plan": "psframework.plan.cli"}
+
+
+ABORT_GRACE_S = 0.5  # for the process manager to forward the error line before the abort ends every rank
+
+
+def _abort(comm: Any, status: int) -> None:
+    """Abort the whole job with `status`, once the error line just printed has had time to leave.
+
+    MPI_Abort makes the process manager end every process at once: on a busy node it could end the
+    one that forwards this rank's output before it read the line, and the job would fail in silence.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(status)
 
 
 def _fail(message: str, rank: int = 0) -> int:
@@ -84,12 +100,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         # Only this rank may have failed: report it and abort the job so that no rank hangs.
         print(f"psf: error: {exc}", file=sys.stderr, flush=True)
         if comm is not None and size > 1:
-            comm.Abort(EXIT_USAGE)
+            _abort(comm, EXIT_USAGE)
         return EXIT_USAGE
     except (WatchdogTimeout, TooFewWorkers) as exc:
         print(f"psf: error: rank {rank}: {exc}; {last_checkpoint(settings.run.run_dir)}", file=sys.stderr, flush=True)
         if comm is not None and size > 1:
-            comm.Abort(EXIT_FAILURE)
+            _abort(comm, EXIT_FAILURE)
         return EXIT_FAILURE
     if LOSS():
         # A rank of the job died: MPI_Finalize would wait for it for ever, so leave without it.
