@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from psframework.codes import SAZDCode
 from psframework.models.cut import cut_model
 from psframework.plan.profile import ConvLayer, Fit, Link, Profile
+from psframework.data.registry import dataset_shape
 from psframework.schemes.common import input_shape, make_optimizer, new_model, placement_of
 from psframework.schemes.coded.core import CodedWorker
 from psframework.schemes.coded.dissemination import Dissemination
@@ -57,7 +58,7 @@ class Calibration:
     def __init__(self, settings: Settings, repeats: int = 5) -> None:
         self.settings, self.repeats = settings, repeats
         self.shape = input_shape(settings)
-        self.classes = settings.data.synthetic.classes if settings.data.dataset == "synthetic" else 10
+        self.classes = dataset_shape(settings.data)[1]  # as the training builds the model: from the dataset
         self.model = new_model(settings, self.shape[0], self.classes)
         self.placement = placement_of(settings, self.model)
         self.batch = settings.data.batch_size
