@@ -201,8 +201,9 @@ class RunRecorder:
 class Progress:
     """Show training progress on the terminal: a bar on a TTY, plain lines otherwise."""
 
-    def __init__(self, total: int, mode: str = "auto", stream: TextIO = sys.stderr):
+    def __init__(self, total: int, mode: str = "auto", stream: Optional[TextIO] = None):
         self.total = total
+        stream = stream or sys.stderr  # looked up now: a default bound at import would miss a redirection
         self.stream = stream
         if mode == "auto":  # under a launcher, rank 0 writes to a pipe that may end on a terminal
             mode = "bar" if stream.isatty() or environment.on_terminal() else "lines"

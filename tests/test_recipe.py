@@ -77,6 +77,38 @@ def test_the_reference_steps_once_per_accumulated_step_with_the_scheduled_rate(t
     assert factors[4] == 1.0 and factors[8] == 0.5 and factors[16] == 0.25  # warm-up 2 steps, milestones 4, 8
 
 
+# A cap stops a run, not its schedule: the capped run's rates are the planned run's first ones.
+RECIPE_CONFIG = os.path.join(ROOT, "configs", "cifar10_resnet20_recipe.yaml")
+QUICK_CHECK = ["scheme=reference", "data.dataset=synthetic", "train.max_iterations=20"]
+
+
+def planned_rates(config: str, overrides: list, iterations: int, num_train: int) -> list:
+    """Return the learning rate of iterations 1..`iterations` of the run planned without a cap."""
+    cfg = load_run(config, [*overrides, "train.max_iterations=null"])
+    schedule = make_schedule(make_settings(cfg), num_train)
+    return [cfg.train.lr * schedule.lr_factor(i) for i in range(1, iterations + 1)]
+
+
+def test_a_capped_recipe_run_keeps_the_schedule_planned_over_its_epochs(tmp_path, capfd):
+    """The smoke test users run first: 20 iterations of the recipe, warm-up and milestones far beyond."""
+    assert main(["train", RECIPE_CONFIG, *QUICK_CHECK, f"output.dir={tmp_path}", "name=run"]) == 0
+    out = capfd.readouterr()
+    assert "stops the run at iteration 20 of the 5760 its schedule plans over train.epochs=180" in out.out + out.err
+    got = [r["lr"] for r in rows(tmp_path / "run")]
+    assert got == pytest.approx(planned_rates(RECIPE_CONFIG, QUICK_CHECK, 20, 2048), rel=1e-12)
+    assert got[-1] > got[0]  # still warming up: the planned 5 epochs of warm-up, not 20 iterations'
+
+
+def test_a_run_resumed_with_a_larger_cap_continues_the_plan(tmp_path):
+    args = ["train", os.path.join(ROOT, "configs", "digits_reference.yaml"), f"output.dir={tmp_path}", "name=run",
+            "output.progress=off", "train.lr_schedule=cosine", "train.epochs=2", "train.resume=auto"]
+    assert main([*args, "train.max_iterations=3"]) == 0
+    assert main([*args, "train.max_iterations=6"]) == 0
+    got = [r["lr"] for r in rows(tmp_path / "run")]
+    digits_train = 1438  # 80% of the 1797 digits
+    assert got == pytest.approx(planned_rates(args[1], args[4:7], 6, digits_train), rel=1e-12)
+
+
 # Accumulation: 4 micro-batches of 16 are one batch of 64 (no BatchNorm: its statistics are per micro-batch).
 PLAIN = ["model.batch_norm=false", "model.name=lenet5", "data.dataset=synthetic", "data.synthetic.height=16",
          "data.synthetic.width=16", "data.synthetic.channels=1", "data.synthetic.train_size=512"]

@@ -38,6 +38,8 @@ ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}, "data.a
               "train.warmup": 0, "train.warmup_unit": "epochs", "train.warmup_start_factor": 0.1,
               "train.label_smoothing": 0.0, "train.accumulate": 1, "train.precision": "fp32",
               "train.loss_scale": "auto"}
+# Keys older checkpoints hold that a resume no longer needs to match: a cap stops a run, not its schedule.
+RETIRED_KEYS = ("train.max_iterations",)
 CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 
@@ -57,8 +59,8 @@ class Checkpoint:
 def fingerprint(config: Mapping[str, Any], coded: bool, model: torch.nn.Module) -> Dict[str, Any]:
     """Return the settings a resume must match (the code's only for coded schemes) and the model's shapes."""
     keys = FINGERPRINT_KEYS + (CODE_KEYS if coded else ())
-    if config["train"]["lr_schedule"] != "constant":  # the schedule depends on the run's length
-        keys += ("train.epochs", "train.max_iterations")
+    if config["train"]["lr_schedule"] != "constant":  # the schedule depends on the plan's length
+        keys += ("train.epochs",)
     found = {key: _dotted(config, key) for key in keys}
     found["model.shapes"] = {name: list(t.shape) for name, t in model.state_dict().items()}
     return found
@@ -75,6 +77,8 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[st
     """Return 'key saved -> current' for every fingerprint entry that differs."""
     out = []
     for key in sorted(set(saved) | set(current)):
+        if key in RETIRED_KEYS:
+            continue
         before, after = saved.get(key, ADDED_KEYS.get(key, "unset")), current.get(key, "unset")
         if before != after:
             out.append(f"{key} {_short(before)} -> {_short(after)}" if key != "model.shapes" else

@@ -39,13 +39,24 @@ class Schedule:
     """When a run evaluates, checkpoints, verifies and synchronises, from its length and settings."""
 
     start: int  # iterations already done (a resumed run continues after them)
-    total: int
+    total: int  # the iteration the run stops after: the plan's end, or train.max_iterations if sooner
     per_epoch: int
     eval_every: int = 0
     verify_every: int = 0
     checkpoint_every: int = 0
     lr: ScheduleSettings = ScheduleSettings()
     accumulate: int = 1  # iterations (micro-batches) per optimizer step
+    planned: int = 0  # the plan's iterations, train.epochs long, that the learning rate follows (0: total)
+
+    @property
+    def capped(self) -> bool:
+        """Return whether train.max_iterations stops the run before its plan ends."""
+        return self.total < self.plan_length
+
+    @property
+    def plan_length(self) -> int:
+        """Return the iterations of the plan the learning-rate schedule follows."""
+        return self.planned or self.total
 
     def evaluates(self, iteration: int) -> bool:
         """Return whether the model is evaluated after this iteration (default: at every epoch's end)."""
@@ -72,7 +83,7 @@ class Schedule:
     def lr_factor(self, iteration: int) -> float:
         """Return the learning-rate multiplier of an iteration: that of its optimizer step."""
         m = self.accumulate
-        return lr_factor(self.lr, (iteration - 1) // m + 1, self.total // m, self.per_epoch // m, m)
+        return lr_factor(self.lr, (iteration - 1) // m + 1, self.plan_length // m, self.per_epoch // m, m)
 
 
 def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Schedule:
@@ -86,9 +97,10 @@ def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Sched
         steps = f" x train.accumulate={m}" if m > 1 else ""
         raise ConfigError(f"data.batch_size: got {data.batch_size}{steps}, larger than the {num_samples} "
                           "training samples")
-    total = per_epoch * run.epochs
-    total = min(total, run.max_iterations) if run.max_iterations else total
-    check_schedule(optim.schedule, total // m, per_epoch // m, m)
+    # A cap stops the run; the schedule stays the one planned over train.epochs.
+    planned = per_epoch * run.epochs
+    total = min(planned, run.max_iterations) if run.max_iterations else planned
+    check_schedule(optim.schedule, planned // m, per_epoch // m, m)
     window = run.trace_window
     if run.trace and window and window[1] > total:
         from psframework.config import ConfigError
@@ -96,7 +108,7 @@ def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Sched
         raise ConfigError(f"output.trace_window: got {list(window)}, beyond the run's {total} iterations; expected "
                           f"iterations within 1..{total}")
     return Schedule(start, total, per_epoch, run.eval_every, run.verify_every, run.checkpoint_every,
-                    optim.schedule, m)
+                    optim.schedule, m, planned)
 
 
 def steps(settings: Settings, num_samples: int, schedule: Schedule) -> Iterator[Step]:
@@ -262,6 +274,9 @@ def run_server(settings: Settings, side: ServerSide, opening: Any, world_size: i
     progress.message(f"psf: scheme {run.scheme}{side.describe()}, model {settings.model.name}, dataset "
                      f"{problem.dataset.name} ({num_train} train / {len(problem.dataset.test)} test), "
                      f"iterations {schedule.start + 1}..{schedule.total}")
+    if schedule.capped:
+        progress.message(f"psf: train.max_iterations={schedule.total} stops the run at iteration {schedule.total} "
+                         f"of the {schedule.plan_length} its schedule plans over train.epochs={run.epochs}")
     final: Dict[str, Any] = {"final_test_accuracy": None, "final_test_loss": None}
     problem.model.train()
     if side.fetches_batches:

@@ -16,6 +16,7 @@ import torch
 
 from psframework import environment
 from psframework.config import FILE_DATASETS, ConfigError
+from psframework.imports import is_import_path
 from psframework.settings import Settings
 
 FLOAT_BYTES = 4
@@ -54,7 +55,8 @@ def check_cuda_aware(setting: str, comm: Any) -> None:
 def check_paths(settings: Settings) -> None:
     """Raise ConfigError naming a dataset directory, checkpoint or output path that cannot serve."""
     data = settings.data
-    if data.root is not None or data.dataset in FILE_DATASETS:
+    # A built-in that reads no files (synthetic, digits) ignores data.root, so a config's root may stay set.
+    if data.dataset in FILE_DATASETS or (data.root is not None and is_import_path(data.dataset)):
         expect_path("data.root", data.root, "the directory of the dataset's files", directory=True)
     if settings.run.resume not in (None, "auto"):  # auto: whatever the run directory holds, if anything
         expect_path("train.resume", settings.run.resume, "a checkpoint file")
