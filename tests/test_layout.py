@@ -39,7 +39,7 @@ LAYERS = (
     ("schemes", "doctor"),
     ("api", "launch", "report", "config_reference"),
     ("netcluster",),
-    ("sweep", "bench", ""),
+    ("sweep", "bench", "", "api_reference"),
     ("plan",),
     ("cli",),
     ("__main__",),
