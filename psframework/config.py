@@ -21,7 +21,7 @@ import yaml
 from psframework.errors import ConfigError
 
 FILE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic", "image-folder")
 
 
 SEED_MAX = 2**32 - 1
@@ -86,7 +86,7 @@ class DataConfig:
     augment_padding: int = 4  # crop-flip: pixels of zero padding on each side before the crop
     augment_flip: float = 0.5  # crop-flip: probability of a horizontal flip
     # auto: per-channel mean and deviation of the training set; none; fixed: data.mean and data.std.
-    # Null: the dataset's default (auto for the built-in datasets, none for a factory's).
+    # Null: the dataset's default (auto for the built-in datasets, none for image-folder and a factory's).
     normalize: Optional[Literal["auto", "none", "fixed"]] = None
     mean: Optional[List[float]] = None  # per channel, with normalize: fixed
     std: Optional[List[float]] = None
@@ -358,6 +358,7 @@ def validate(cfg: Config) -> Config:
     _check_comm(cfg.comm)
     _check_model(cfg.model)
     _check_data(cfg.data)
+    _check_image_size(cfg)
     _check_output(cfg.output)
     _check_bounds(cfg)
     return cfg
@@ -511,6 +512,11 @@ def _check_data(d: DataConfig) -> None:
                           f"or package.module:factory{extra}")
     if d.dataset in FILE_DATASETS:
         _require(d.root is not None, f"data.root: dataset {d.dataset} needs data.root, the directory of its files")
+    if d.dataset == "image-folder":
+        _require(d.root is not None, "data.root: dataset image-folder needs data.root, the folder that holds "
+                 "train/CLASS/IMAGE and test/CLASS/IMAGE")
+        _require(os.path.isdir(d.root), f"data.root: got {d.root!r}, which is not a directory; expected the folder "
+                 "that holds train/CLASS/IMAGE and test/CLASS/IMAGE")
     _require(0 <= d.augment_flip <= 1, f"data.augment_flip: got {d.augment_flip}, expected a probability 0..1")
     if d.normalize == "fixed":
         _require(d.mean is not None and d.std is not None and len(d.mean) == len(d.std),
@@ -520,6 +526,15 @@ def _check_data(d: DataConfig) -> None:
     else:
         _require(d.mean is None and d.std is None,
                  f"data.mean, data.std: given with normalize: {d.normalize}, expected only with normalize: fixed")
+
+
+def _check_image_size(cfg: Config) -> None:
+    """Check that image-folder has a size to resize to: model.input_size, or a built-in model's default."""
+    from psframework.imports import is_import_path
+
+    if cfg.data.dataset == "image-folder" and cfg.model.input_size is None and is_import_path(cfg.model.name):
+        raise ConfigError(f"model.input_size: not set, expected the height and width every image of data.dataset "
+                          f"image-folder is resized to for model {cfg.model.name} (for example 224)")
 
 
 # ---------------------------------------------------------------- loading

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Optional
 
 from psframework.errors import ConfigError
 
@@ -60,19 +60,16 @@ def _import_file(filename: str) -> Any:
     return module
 
 
-def call_factory(factory: Callable[..., Any], args: Mapping[str, Any], key: str, **offered: Any) -> Any:
-    """Call a factory with `args`, adding each `offered` keyword it accepts and `args` does not give.
+def call_factory(factory: Callable[..., Any], args: Mapping[str, Any], key: str,
+                 offered: Optional[Mapping[str, Any]] = None, via_kwargs: Collection[str] = ()) -> Any:
+    """Call a factory with `args`, adding each `offered` keyword it takes that `args` does not give.
 
-    Offered keywords (such as in_channels and num_classes) let a factory adapt to the dataset.
+    Offered keywords (such as in_channels and num_classes) let a factory adapt to the dataset. A factory
+    takes one when its signature names it, or, for a name in `via_kwargs`, when it has **kwargs.
     """
     kwargs = dict(args)
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        parameters = {}
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    for name, value in offered.items():
-        if name not in kwargs and (name in parameters or takes_any):
+    for name, value in (offered or {}).items():
+        if name not in kwargs and accepts(factory, name, name in via_kwargs):
             kwargs[name] = value
     name = getattr(factory, "__qualname__", repr(factory))
     try:
@@ -81,3 +78,15 @@ def call_factory(factory: Callable[..., Any], args: Mapping[str, Any], key: str,
         raise
     except Exception as exc:
         raise ConfigError(f"{key}: factory {name} failed with {type(exc).__name__}: {exc}") from None
+
+
+def accepts(factory: Callable[..., Any], name: str, via_kwargs: bool) -> bool:
+    """Return whether a factory's signature names keyword `name` (or, if via_kwargs, has **kwargs)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a built-in without a signature: offer nothing
+        return False
+    named = parameters.get(name)
+    if named is not None:
+        return named.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return via_kwargs and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

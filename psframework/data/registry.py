@@ -12,6 +12,7 @@ import numpy as np
 from psframework.data.base import Dataset, resize, to_tensor_pair
 from psframework.data.cifar import load_cifar10
 from psframework.data.custom import custom_image_shape, custom_shape, load_custom
+from psframework.data.folder import NAME as IMAGE_FOLDER, folder_image_shape, folder_shape, load_image_folder
 from psframework.data.idx import load_mnist_like
 from psframework.data.synthetic import make_synthetic
 from psframework.data.transforms import augmentation, normalize
@@ -65,6 +66,8 @@ def load_dataset(data_cfg, input_size: Optional[int] = None) -> Dataset:
     name = data_cfg.dataset
     if is_import_path(name):
         return load_custom(data_cfg, input_size)
+    if name == IMAGE_FOLDER:
+        return load_image_folder(data_cfg, input_size)
     if name == "digits":
         arrays = load_digits_arrays()
         classes = 10
@@ -93,6 +96,8 @@ def dataset_shape(data_cfg) -> tuple:
     """Return (input channels, classes) of the configured dataset without loading it (a factory is called once)."""
     if is_import_path(data_cfg.dataset):
         return custom_shape(data_cfg)
+    if data_cfg.dataset == IMAGE_FOLDER:
+        return folder_shape(data_cfg)
     if data_cfg.dataset == "synthetic":
         return data_cfg.synthetic.channels, data_cfg.synthetic.classes
     if data_cfg.dataset == "cifar10":
@@ -107,6 +112,8 @@ def image_shape(data_cfg) -> tuple:
     """Return (channels, height, width) of the dataset's images as stored, before any resize."""
     if is_import_path(data_cfg.dataset):
         return tuple(custom_image_shape(data_cfg))
+    if data_cfg.dataset == IMAGE_FOLDER:
+        return folder_image_shape(data_cfg)
     channels = dataset_shape(data_cfg)[0]
     if data_cfg.dataset == "synthetic":
         return channels, data_cfg.synthetic.height, data_cfg.synthetic.width

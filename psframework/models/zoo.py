@@ -92,6 +92,28 @@ def _family(name: str) -> Family:
     return FAMILIES[name]
 
 
+# A factory with **kwargs gets num_classes through them, as torchvision's models take it; never in_channels,
+# which those models do not take (they pass **kwargs on to a constructor that raises TypeError).
+VIA_KWARGS = ("num_classes",)
+
+
+def check_in_channels(model: nn.Module, in_channels: int, name: str) -> None:
+    """Refuse a model whose first nn.Conv2d (in modules() order) does not take the data's channels."""
+    first = next(((layer, m) for layer, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
+    if first is None or _uninitialized(first[1]) or first[1].in_channels == in_channels:
+        return
+    layer, takes = first[0], first[1].in_channels
+    channels = f"{in_channels} channel{'' if in_channels == 1 else 's'}"
+    raise ConfigError(f"model.name: model {name} takes {takes}-channel images (its first convolution {layer} has "
+                      f"in_channels={takes}) but the data have {channels}; expected a data.dataset of {takes}-channel "
+                      f"images (image-folder gives 3) or a model built for {channels} (its own argument in model.args)")
+
+
+def _uninitialized(module: nn.Module) -> bool:
+    """Return whether a lazy module has not yet learned its input shape (its in_channels is not known)."""
+    return isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+
+
 def input_size_of(model_cfg) -> Optional[int]:
     """Return the image size the model is given: model.input_size, a built-in's default, or None (as stored)."""
     from psframework.imports import is_import_path
@@ -109,6 +131,7 @@ def build_model(model_cfg, in_channels: int, classes: int) -> nn.Module:
         if model_cfg.name not in _GIVEN:
             raise ConfigError(f"model.name: {model_cfg.name!r} names a module given to psframework.train_module, "
                               "and none was given in this process")
+        check_in_channels(_GIVEN[model_cfg.name], in_channels, model_cfg.name)
         return _GIVEN[model_cfg.name]
     if is_import_path(model_cfg.name):
         given = [f"model.{key}" for key in BUILT_IN_OPTIONS if getattr(model_cfg, key) is not None]
@@ -116,10 +139,12 @@ def build_model(model_cfg, in_channels: int, classes: int) -> nn.Module:
             raise ConfigError(f"{given[0]}: applies to built-in models only; give a factory its own arguments "
                               f"in model.args (model.name is {model_cfg.name!r})")
         factory = load_factory(model_cfg.name, "model.name")
-        model = call_factory(factory, model_cfg.args, "model.name", in_channels=in_channels, num_classes=classes)
+        offered = {"in_channels": in_channels, "num_classes": classes}
+        model = call_factory(factory, model_cfg.args, "model.name", offered=offered, via_kwargs=VIA_KWARGS)
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.name: factory {model_cfg.name!r} returned a {type(model).__name__}, "
                               "expected a torch.nn.Module")
+        check_in_channels(model, in_channels, model_cfg.name)
         return model
     if model_cfg.args:
         raise ConfigError(f"model.args: got {model_cfg.args!r}; built-in model {model_cfg.name} takes its options "
