@@ -3,11 +3,10 @@ and the coded-path questions answered with the model for a cluster with a core p
 
 from __future__ import annotations
 
-import itertools
 import math
-import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from psframework.bench.plan_errors import HELD_OUT_BOUND, MEDIAN_BOUND, RANK_GAP, WORST_BOUND, missed_term, summary
 from psframework.plan.choose import code_sizes, shapes
 from psframework.plan.cluster import Cluster, Straggler
 from psframework.plan.graphs import DDP, Setup
@@ -15,9 +14,6 @@ from psframework.plan.predict import Prediction, predict
 from psframework.plan.profile import Profile
 from psframework.schemes.registry import get_scheme
 
-MEDIAN_BOUND, WORST_BOUND, HELD_OUT_BOUND = 0.10, 0.25, 0.15
-RANK_GAP = 0.15  # measured times that differ by more than this must be ordered alike by the model
-CPU_GAP = 0.15  # a miss whose processor time is this close is one of overlap, not of the pieces' cost
 QUESTION_COUNTS = (4, 8, 32, 128)
 
 
@@ -30,44 +26,6 @@ def row(check: Any, measured: Mapping[str, Any], predicted: Prediction, load: fl
             "measured_cpu_s": measured["cpu_s_per_iteration"], "predicted_cpu_s": predicted.cpu_s,
             "measured_rank0_bytes": measured["rank0_bytes_per_iteration"], "predicted_rank0_bytes":
             predicted.rank0_bytes, "load": load}
-
-
-def summary(cases: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Return the errors and ranking agreement of the validation and the held-out cases."""
-    valid = [c for c in cases if not c["held_out"]]
-    held = [c for c in cases if c["held_out"]]
-    errors = [abs(c["error"]) for c in valid]
-    return {"cases": len(valid), "median_error": statistics.median(errors) if errors else None,
-            "worst_error": max(errors) if errors else None, "held_out": len(held),
-            "held_out_worst": max((abs(c["error"]) for c in held), default=None),
-            "pairs": ranking(valid)}
-
-
-def ranking(cases: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Return how many pairs of one setting the model orders as measured, where their times differ > RANK_GAP."""
-    groups: Dict[tuple, List[Mapping[str, Any]]] = {}
-    for c in cases:
-        groups.setdefault((c["workload"], c["n"], c["link"], c["network"]), []).append(c)
-    agree, wrong = 0, []
-    for group in groups.values():
-        for a, b in itertools.combinations(group, 2):
-            if max(a["measured_s"], b["measured_s"]) < (1 + RANK_GAP) * min(a["measured_s"], b["measured_s"]):
-                continue
-            if (a["measured_s"] < b["measured_s"]) == (a["predicted_s"] < b["predicted_s"]):
-                agree += 1
-            else:
-                wrong.append(f"{a['label']} / {b['contender']}")
-    return {"compared": agree + len(wrong), "agree": agree, "disagree": wrong}
-
-
-def missed_term(case: Mapping[str, Any]) -> str:
-    """Return which part of the model misses a case: the pieces' processor time, or their overlap."""
-    cpu_err = case["predicted_cpu_s"] / case["measured_cpu_s"] - 1.0 if case["measured_cpu_s"] else 0.0
-    cpu = f"processor time {case['predicted_cpu_s'] * 1e3:.0f} ms predicted, {case['measured_cpu_s'] * 1e3:.0f} ms " \
-          "measured (all ranks)"
-    if abs(cpu_err) > CPU_GAP:
-        return f"the pieces' cost: {cpu}"
-    return f"the overlap of the work (waiting, sharing the cores), not its amount: {cpu}"
 
 
 def questions(profile: Profile, coded: str, versus_ddp: Sequence[str]) -> List[Dict[str, Any]]:
