@@ -230,11 +230,12 @@ def reference_markdown() -> str:
         "# Configuration reference",
         "",
         "Every key of the config, with its default, the values it accepts and its range. This page is generated",
-        "from the config dataclasses (`psframework/config.py`) by `python -m psframework.config_reference`;",
-        "`tests/test_docs.py` fails when it is out of date. [Configuration](configuration.md) says how configs",
-        "and overrides are written and checked. A range `lo..hi` bounds every value of the key (each element of a",
-        "list); a stricter rule of one key (a positive rate) is named in its meaning, and the rules that join",
-        "several keys (`k <= n`, the world size, ...) are checked too.",
+        "from the config dataclasses (`psframework/config.py`) by `python -m psframework.config_reference`.",
+        "[Configuration](configuration.md) says how configs and overrides are written and checked.",
+        "",
+        "* A range `lo..hi` bounds every value of the key (each element of a list).",
+        "* A stricter rule of one key (a positive rate) is named in its meaning.",
+        "* The rules that join several keys (`k <= n`, the world size, ...) are checked too.",
     ]
     sections: Dict[str, List[str]] = {}
     for key, tp, default in leaf_keys():

@@ -21,7 +21,8 @@ from psframework.config_reference import MEANINGS, reference_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
-README_MAX_LINES = 250
+README_MAX_LINES = 150
+MAX_WORDS = 80  # the longest paragraph or list item a user page may have
 REGENERATE = "run `python -m psframework.config_reference` to write it again"
 
 
@@ -55,8 +56,50 @@ def nav_pages(node=None) -> List[str]:
 GUIDE = sorted(os.path.join("docs", name) for name in os.listdir(DOCS) if name.endswith(".md"))
 PAGES = ["README.md"] + GUIDE
 
+# Pages for users outside the site's Guide section, checked once they exist (the Development pages are not).
+USER_EXTRA = ["concepts.md", "tutorial.md", "troubleshooting.md", "faq.md", "glossary.md", "api.md", "benchmarks.md"]
 
-# ---------------------------------------------------------------- the configuration reference
+
+def user_pages() -> List[str]:
+    """Return the pages users read first: the README, the home page, the Guide section and USER_EXTRA."""
+    nav = yaml.safe_load(read("mkdocs.yml"))["nav"]
+    guide = [page for item in nav if isinstance(item, dict) and "Guide" in item for page in nav_pages(item)]
+    names = guide + [name for name in USER_EXTRA if os.path.isfile(os.path.join(DOCS, name))]
+    return ["README.md", "docs/index.md"] + [os.path.join("docs", name) for name in dict.fromkeys(names)]
+
+
+def docs_index():
+    """Import hpc/docs_index.py, the script that writes docs/index.md from the README."""
+    spec = importlib.util.spec_from_file_location("docs_index", os.path.join(ROOT, "hpc", "docs_index.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+
+
+def paragraphs(text: str) -> List[str]:
+    """Return the paragraphs of a page: runs of lines outside fenced code, headings and tables; each list item alone."""
+    found: List[List[str]] = []
+    fence = None
+    prose = False  # whether the line before was prose, which a further prose line continues
+    for line in text.splitlines():
+        stripped = line.strip()
+        if fence:
+            fence = None if stripped.startswith(fence) else fence
+            continue
+        opening = re.match(r"(```+|~~~+)", stripped)
+        fence = opening.group(1) if opening else None
+        if opening or not stripped or stripped.startswith(("#", "|")):
+            prose = False
+        elif LIST_ITEM.match(line) or not prose:
+            found.append([LIST_ITEM.sub("", line).strip()])
+            prose = True
+        else:
+            found[-1].append(stripped)
+    return [" ".join(words) for words in found]
+
 
 def test_the_reference_page_is_the_generated_one():
     assert read("docs/reference.md") == reference_markdown(), f"docs/reference.md is out of date: {REGENERATE}"
@@ -107,6 +150,25 @@ def test_the_readme_is_short_and_links_every_page():
     assert not unlinked, f"README.md does not link these pages of the docs: {unlinked}"
     assert "bash hpc/test.sh" in readme and 'bash hpc/test.sh -m "not slow"' in readme  # CI's command, quick tier
     assert "mkdocs serve" in readme and "mkdocs build --strict" in readme
+
+
+def test_the_home_page_is_generated_from_the_readme():
+    index = read("docs/index.md")
+    assert index == docs_index().index_markdown(read("README.md")), \
+        "docs/index.md is not README.md's home page: run `python hpc/docs_index.py` to write it again"
+    assert "](docs/" not in index and "[Choosing a scheme](choosing.md)" in index
+
+
+def test_a_paragraph_is_a_run_of_prose_lines_and_each_list_item_its_own():
+    page = ("# Title\n\none two\nthree\n\n* four five\n  six\n- seven\n1. eight\n\n"
+            "```bash\nnot prose at all\n```\n| a | table |\n|---|---|\nnine\n")
+    assert paragraphs(page) == ["one two three", "four five six", "seven", "eight", "nine"]
+
+
+@pytest.mark.parametrize("page", user_pages())
+def test_no_paragraph_of_a_user_page_is_over_80_words(page):
+    long = [f"{len(p.split())} words: {p[:60]}..." for p in paragraphs(read(page)) if len(p.split()) > MAX_WORDS]
+    assert not long, f"{page}: paragraphs or list items over {MAX_WORDS} words (split them into short bullets): {long}"
 
 
 # ---------------------------------------------------------------- the commands the pages show

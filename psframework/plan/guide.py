@@ -77,13 +77,13 @@ def baselines() -> List[str]:
 def render(profiles: Sequence[Profile]) -> str:
     vgg = profiles[0]
     lines = ["# Choosing a scheme", "",
-             "`psf plan CONFIG --hosts N --link RATE` predicts every scheme on your cluster and recommends one; "
-             "this page shows what it says for a few models and clusters, and why. The figures come from its "
-             f"model with profiles taken on {vgg.machine} (`psf bench plan` keeps them in "
-             "docs/benchmarks/plan/profiles); on your cluster, take your own profile first: "
-             "`psf plan calibrate CONFIG` on one node (one rank, nothing else running), then "
-             "`psf plan CONFIG --profile FILE --hosts N --link RATE`. How well the model predicts is measured "
-             "in [the model against measured runs](benchmarks/plan.md).", "",
+             "`psf plan CONFIG --hosts N --link RATE` predicts every scheme on your cluster and recommends one. "
+             "This page shows what it says for a few models and clusters, and why.", "",
+             f"- The figures come from profiles taken on {vgg.machine} (`psf bench plan` keeps them in "
+             "docs/benchmarks/plan/profiles).",
+             "- On your cluster, take your own profile first: `psf plan calibrate CONFIG` on one node (one rank, "
+             "nothing else running), then `psf plan CONFIG --profile FILE --hosts N --link RATE`.",
+             "- How well the model predicts: [the model against measured runs](benchmarks/plan.md).", "",
              "## The real choices", "",
              "Three schemes are meant for training; psf plan proposes only them, with n, k, backup workers b, "
              "servers G and, for sazd, direct or relay delivery:", ""]
