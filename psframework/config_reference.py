@@ -23,11 +23,13 @@ MEANINGS = {
     "scheme": "`reference`, `ps`, `stanza`, `sazd`, `sazd-naive`, `poly`, `uncoded` (see [Schemes](schemes.md))",
     "device": "`cpu`, `cuda` (each rank on its GPU; see [GPUs](gpus.md)) or `auto` (a GPU where one is visible, "
               "else the CPU, said once)",
-    "data.dataset": "`digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`, `synthetic`, or a factory "
+    "data.dataset": "`digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`, `synthetic`, `image-folder`, or a "
+                    "factory "
                     "`package.module:function` / `path/to/file.py:function` (see "
                     "[Your own model and data](your-model-and-data.md))",
     "data.args": "keyword arguments of a dataset factory",
-    "data.root": "directory of the dataset files (required for mnist, fashion-mnist, cifar10)",
+    "data.root": "directory of the dataset files (required for mnist, fashion-mnist, cifar10, image-folder: "
+                 "`train/CLASS/*` and `test/CLASS/*`)",
     "data.batch_size": "global batch size (with `train.accumulate` m: of one micro-batch; an optimizer step takes "
                        "m of them)",
     "data.test_batch_size": "evaluation batch size",
@@ -39,7 +41,8 @@ MEANINGS = {
     "data.augment_padding": "`crop-flip`: pixels of zero padding on each side before the crop",
     "data.augment_flip": "`crop-flip`: probability of a horizontal flip",
     "data.normalize": "`auto` (per-channel mean and deviation of the training set), `none`, `fixed` (`data.mean`, "
-                      "`data.std`); null: `auto` for the built-in datasets, `none` for a factory's",
+                      "`data.std`); null: `auto` for the built-in datasets, `none` for `image-folder` and a "
+                      "factory's",
     "data.mean": "per-channel means of `data.normalize: fixed`",
     "data.std": "per-channel deviations of `data.normalize: fixed`",
     "data.synthetic.channels": "synthetic images: channels",
@@ -51,19 +54,20 @@ MEANINGS = {
     "data.synthetic.noise": "synthetic images: deviation of the Gaussian noise added to each class's template",
     "model.name": "`lenet5`, `vgg-small`, `alexnet-small`, `vgg16`, `resnet20`, `resnet18`, or a factory "
                   "`package.module:function` / `path/to/file.py:function` returning a `torch.nn.Module`",
-    "model.args": "keyword arguments of a model factory (it also gets `in_channels` and `num_classes` when it "
-                  "takes them)",
+    "model.args": "keyword arguments of a model factory (it also gets `in_channels` when its signature names "
+                  "it, and `num_classes` when it names it or takes `**kwargs`)",
     "model.split_at": "`stanza`: the module that starts the head on rank 0 (null: the first `nn.Linear` after the "
                       "last convolution)",
     "model.input_size": "built-in models: input size (null: the model's default); also resizes the images of a "
-                        "factory model",
+                        "factory model (required with `image-folder`)",
     "model.channels": "built-in models: widths, per conv layer for the chains, per stage for the ResNets (null: "
                       "the model's default)",
     "model.fc": "built-in models: widths of the hidden layers of the FC head (null: the model's default)",
     "model.batch_norm": "built-in models: with or without BatchNorm (null: the model's default)",
     "model.dropout": "built-in models: dropout probability in the head (null: the model's default)",
     "train.epochs": "epochs",
-    "train.max_iterations": "stop after this many iterations",
+    "train.max_iterations": "stop the run after this many iterations (null: at the end of `train.epochs`); the "
+                            "learning-rate schedule stays the one planned over `train.epochs`",
     "train.lr": "learning rate (SGD or Adam), > 0",
     "train.momentum": "SGD momentum, 0 <= x < 1",
     "train.nesterov": "SGD with Nesterov momentum (needs `train.momentum` > 0)",

@@ -1,8 +1,8 @@
 """Mixed precision of the coded convolution: workers convolve in bf16 or fp16, the server decodes in fp32.
 
-DESIGN section 13: the coded convolution is linear, so worker j may compute its packet
-conv(X, Wr_j) + br_j in a low precision; rank 0 casts the replies to fp32 and decodes any k of them.
-For one seeded conv layer this measures, over EVERY k-subset of the n packets, the decoded output
+The coded convolution is linear (docs/design.md#mixed-precision-of-the-coded-convolution), so worker j
+may compute its packet conv(X, Wr_j) + br_j in a low precision; rank 0 casts the replies to fp32 and
+decodes any k of them. For one seeded conv layer this measures, over EVERY k-subset of the n packets, the decoded output
 against (a) the uncoded convolution computed in the same precision and (b) the fp32 convolution,
 next to the precision's own rounding (the uncoded low-precision convolution against fp32), so what
 decoding adds shows as a ratio. Weights and biases are encoded in fp32 and each packet cast to the

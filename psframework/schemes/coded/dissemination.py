@@ -1,5 +1,5 @@
 """How rank 0 delivers a tensor to every worker: a copy each (direct), or relayed among the workers as
-SA-coded packets of its bits, restored bit-exactly from any k (DESIGN section 12)."""
+SA-coded packets of its bits, restored bit-exactly from any k (docs/design.md#relay-dissemination)."""
 
 from __future__ import annotations
 

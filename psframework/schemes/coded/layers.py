@@ -1,4 +1,4 @@
-"""Coded convolution layers: the DESIGN section 5 identities, shared by every coded scheme.
+"""Coded convolution layers: the identities of docs/design.md#coded-convolutions, shared by every coded scheme.
 
 A conv layer's weight is coded twice: along its out-channels (row-coded: forward and its update) and,
 where rank 0 needs the layer's input gradient, along its in-channels (column-coded: input gradient
