@@ -120,3 +120,19 @@ def test_check_says_whether_the_page_is_current(tmp_path, reports, capsys):
     assert overview.main(["--reports", reports, "--out", out, "--expectations", EXPECTATIONS]) == 0
     assert overview.main(["--reports", reports, "--out", out, "--check", "--expectations", EXPECTATIONS]) == 0
     assert read(out) == read(PAGE)
+
+
+def test_the_readme_figures_are_the_rendered_ones_and_follow_their_json(tmp_path):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    assert overview.with_figures(readme, overview.readme_figures()) == readme, \
+        "README.md's figures are out of date: run `python -m psframework.bench.overview`"
+    source = tmp_path / "netcluster" / "peers.json"
+    source.parent.mkdir()
+    report = json.loads(open(os.path.join(ROOT, "docs", "benchmarks", "netcluster", "peers.json")).read())
+    case = next(c for c in report["cases"] if c["straggler"] == "slow-link" and c["scheme"] == "sazd")
+    case["spread"]["slowdown"]["median"] = 7.25
+    source.write_text(json.dumps(report))
+    assert "| `sazd` | 7.25x |" in overview.readme_figures(str(tmp_path))
+    with pytest.raises(overview.OverviewError, match="expected one"):
+        overview.with_figures("no markers", ["x"])

@@ -26,6 +26,9 @@ from psframework.fileio import atomic_write_text
 
 PROG = "python -m psframework.bench.overview"
 DEFAULT_PAGE = os.path.join("docs", "benchmarks.md")
+README = "README.md"
+README_SOURCE = os.path.join("netcluster", "peers.json")  # the report the README's example comes from
+BEGIN, END = "<!-- figures from the committed reports: begin -->", "<!-- figures from the committed reports: end -->"
 LINK_BASE = "benchmarks"  # where the reports are, seen from the page
 MEASURES, REAL_LINKS, COST_MODEL = "measures", "real links", "cost model"
 
@@ -311,6 +314,29 @@ def render(reports: str = DEFAULT_OUT, expectations: str = DEFAULT_EXPECTATIONS)
     return render_page(load(reports), expectations)
 
 
+def readme_figures(reports: str = DEFAULT_OUT) -> List[str]:
+    """Return the README's block of figures, from the committed report it names."""
+    path = os.path.join(reports, README_SOURCE)
+    with open(path, encoding="utf-8") as fh:
+        report = json.load(fh)
+    return figs.readme_slow_link(report, os.path.join("docs", "benchmarks", README_SOURCE))
+
+
+def with_figures(readme: str, block: Sequence[str], path: str = README) -> str:
+    """Return the README with the text between its markers replaced by `block`."""
+    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
+        raise OverviewError(f"{path}: expected one {BEGIN!r} line and one {END!r} line after it")
+    head, rest = readme.split(BEGIN, 1)
+    return head + "\n".join([BEGIN, *block, END]) + rest.split(END, 1)[1]
+
+
+def outputs(args: argparse.Namespace) -> Dict[str, str]:
+    """Return each file the renderer writes and its new text."""
+    with open(args.readme, encoding="utf-8") as fh:
+        readme = with_figures(fh.read(), readme_figures(args.reports), args.readme)
+    return {args.out: render(args.reports, args.expectations), args.readme: readme}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Write docs/benchmarks.md (or check that it is current); return the exit status."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
@@ -318,21 +344,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--expectations", default=DEFAULT_EXPECTATIONS,
                         help=f"the bounds file (default {DEFAULT_EXPECTATIONS})")
     parser.add_argument("--out", default=DEFAULT_PAGE, help=f"the page to write (default {DEFAULT_PAGE})")
-    parser.add_argument("--check", action="store_true", help="write nothing: exit 1 if the page differs")
+    parser.add_argument("--readme", default=README, help=f"the README whose figures block to write (default {README})")
+    parser.add_argument("--check", action="store_true", help="write nothing: exit 1 if a page differs")
     args = parser.parse_args(argv)
     try:
-        page = render(args.reports, args.expectations)
-    except (OverviewError, expect.ExpectationError, KeyError, TypeError, IndexError) as exc:
+        pages = outputs(args)
+    except (OSError, OverviewError, expect.ExpectationError, KeyError, TypeError, IndexError) as exc:
         print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    stale = [path for path, text in pages.items()
+             if not os.path.isfile(path) or open(path, encoding="utf-8").read() != text]
     if args.check:
-        current = open(args.out, encoding="utf-8").read() if os.path.isfile(args.out) else ""
-        if current != page:
-            print(f"{args.out} is out of date: run `{PROG}` to write it again", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(args.out, page)
-    print(f"wrote {args.out}")
+        for path in stale:
+            print(f"{path} is out of date: run `{PROG}` to write it again", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        atomic_write_text(path, pages[path])
+        print(f"wrote {path}")
     return 0
 
 
