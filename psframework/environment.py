@@ -17,6 +17,10 @@ DECODE_THREADS = "PSF_DECODE_THREADS"  # host threads of a large zigzag decode
 NO_MPI = "PSF_NO_MPI"  # run the command line without MPI even under a launcher
 MPI_INIT_TIMEOUT = "PSF_MPI_INIT_TIMEOUT_S"  # longest wait for MPI_Init before the rank gives up, seconds
 TERMINAL = "PSF_TERMINAL"  # 1: the launcher's output goes to a terminal (the ranks see only pipes)
+REQUEUE = "PSF_REQUEUE"  # 0: a preempted Slurm job is not requeued (it stops with its checkpoint)
+REQUEUE_REQUEST = "PSF_REQUEUE_REQUEST"  # the file where psframework.launch wants rank 0's requeue request
+SWEEP_POINT = "PSF_SWEEP_POINT"  # the point of a sweep index that `psf train runs/SWEEP/sweep.json` trains
+ARRAY_TASK = "SLURM_ARRAY_TASK_ID"  # a job array task's number: the sweep point when PSF_SWEEP_POINT is unset
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
 
@@ -100,6 +104,21 @@ def mpi_init_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
 def on_terminal(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Return whether PSF_TERMINAL says the launcher's standard error is a terminal (hpc/psf-mpirun sets it)."""
     return _view(environ).get(TERMINAL, "") == "1"
+
+
+def requeue_allowed(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Return whether PSF_REQUEUE lets a preempted Slurm job be requeued (anything but 0; default yes)."""
+    return get(REQUEUE, environ) != "0"
+
+
+def requeue_request(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Return PSF_REQUEUE_REQUEST, the file psframework.launch reads a requeue request from, or None."""
+    return get(REQUEUE_REQUEST, environ)
+
+
+def sweep_point(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Return the sweep point to train as given (PSF_SWEEP_POINT, else SLURM_ARRAY_TASK_ID), or None."""
+    return get(SWEEP_POINT, environ) or get(ARRAY_TASK, environ)
 
 
 def launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -1,9 +1,10 @@
 """Sweeps: a grid of overrides (and repeats with other seeds) over one config, run locally or as a Slurm job array.
 
 `psf sweep CONFIG --grid code.k=2,3 stragglers.factor=1,4` writes OUT/NAME/sweep.json, the index of
-its points, and runs each point as `psf train OUT/NAME/sweep.json` with the point's number in
-PSF_SWEEP_POINT (locally) or SLURM_ARRAY_TASK_ID (a job array task): a point's run directory is
-OUT/NAME/POINT/, it resumes with train.resume=auto, and a point that finished is skipped.
+its points, and runs each point as `psf train OUT/NAME/sweep.json` (under mpiexec -n WORLD where the
+scheme needs MPI) with the point's number in PSF_SWEEP_POINT (locally) or SLURM_ARRAY_TASK_ID (a job
+array task): a point's run directory is OUT/NAME/POINT/, it resumes with train.resume=auto, and a
+point that finished is skipped. --dry-run prints each point's launch line (or the sbatch line) instead.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from psframework import environment
 from psframework.cliparse import Parser
 from psframework.errors import ConfigError
 from psframework.schemes.validate import load_run
@@ -70,19 +72,35 @@ def finished(sweep_dir: str, point: Point) -> bool:
     return os.path.exists(os.path.join(sweep_dir, point.dir, "summary.json"))
 
 
-def run_locally(index: str, sweep: Sweep, todo: List[int]) -> int:
-    """Run the points one after another (under mpiexec where the scheme needs it); return the exit status."""
+def point_command(index: str, sweep: Sweep, i: int) -> Tuple[List[str], Dict[str, str]]:
+    """Return (argv, environment) that train point i locally: under mpiexec -n WORLD where the scheme needs MPI."""
     from psframework.launch import mpi_command
 
+    args = ["-m", "psframework", "train", index]
+    env = {environment.SWEEP_POINT: str(i)}
+    world = sweep.points[i].world_size
+    if world > 1:
+        try:
+            return mpi_command(world, args, env=env)
+        except RuntimeError as exc:  # no mpiexec: one line, as for any bad input
+            raise ConfigError(f"psf sweep: point {sweep.points[i].name} needs {world} MPI ranks: {exc}") from None
+    return [sys.executable] + args, {**environment.child_environment(), **env}
+
+
+def launch_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """Return a shell line that runs `argv` with the point's number and the variables `env` adds or changes."""
+    ours = environment.child_environment()
+    added = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+             if k == environment.SWEEP_POINT or ours.get(k) != v]
+    return " ".join(added + [shlex.quote(a) for a in argv])
+
+
+def run_locally(index: str, sweep: Sweep, todo: List[int]) -> int:
+    """Run the points one after another (under mpiexec where the scheme needs it); return the exit status."""
     failed = []
     for count, i in enumerate(todo, 1):
         point = sweep.points[i]
-        args = ["-m", "psframework", "train", index]
-        env = {"PSF_SWEEP_POINT": str(i)}
-        if point.world_size > 1:
-            argv, full_env = mpi_command(point.world_size, args, env=env)
-        else:
-            argv, full_env = [sys.executable] + args, {**os.environ, **env}
+        argv, full_env = point_command(index, sweep, i)
         print(f"psf sweep: point {count}/{len(todo)} {point.name}: {' '.join(argv[:3])} ...", flush=True)
         t0 = time.perf_counter()
         status = subprocess.run(argv, env=full_env).returncode
@@ -141,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "repeatable (e.g. --sbatch=--partition=cpu)")
     p.add_argument("--max-parallel", type=int, default=None, metavar="P", help="--slurm: run at most P tasks of "
                    "the array at once (sbatch --array=...%%P), so the sweep does not take the whole partition")
-    p.add_argument("--dry-run", action="store_true", help="write the index and print what would run")
+    p.add_argument("--dry-run", action="store_true", help="write the index and print what would run: each "
+                   "point's launch line (mpiexec -n WORLD ... where the scheme needs MPI), or the sbatch line")
     return p
 
 
@@ -167,8 +186,8 @@ def main(argv: Sequence[str]) -> int:
             return 0
         if args.slurm:
             return submit(index, sweep, todo, args.template, args.sbatch, args.dry_run, args.max_parallel)
-        if args.dry_run:
-            print("\n".join(f"PSF_SWEEP_POINT={i} psf train {index}" for i in todo))
+        if args.dry_run:  # the launch line of every point, as run_locally starts it
+            print("\n".join(launch_line(*point_command(index, sweep, i)) for i in todo))
             return 0
         return run_locally(index, sweep, todo)
     except ConfigError as exc:

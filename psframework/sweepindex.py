@@ -10,11 +10,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from psframework import environment
 from psframework.errors import ConfigError
 from psframework.fileio import atomic_write_json
 
 INDEX = "sweep.json"
-POINT_VARIABLES = ("PSF_SWEEP_POINT", "SLURM_ARRAY_TASK_ID")  # which point `psf train sweep.json` runs
 
 
 @dataclass
@@ -52,12 +52,12 @@ def read_sweep(path: str) -> Sweep:
 
 
 def point_arguments(config: str, overrides: Sequence[str],
-                    env: Mapping[str, str] = os.environ) -> Tuple[str, List[str]]:
-    """Return (config, overrides) of a `psf train` call: a sweep index runs the point its environment names."""
+                    env: Optional[Mapping[str, str]] = None) -> Tuple[str, List[str]]:
+    """Return (config, overrides) of a `psf train` call: a sweep index runs the point environment.sweep_point names."""
     if os.path.basename(config) != INDEX:
         return config, list(overrides)
     sweep = read_sweep(config)
-    chosen = next((env[v] for v in POINT_VARIABLES if env.get(v)), None)
+    chosen = environment.sweep_point(env)
     if chosen is None:
         raise ConfigError(f"{config}: a sweep index runs one point: set PSF_SWEEP_POINT (or run it as a Slurm "
                           f"array task) to 0..{len(sweep.points) - 1}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import subprocess
 import sys
 
@@ -61,6 +63,39 @@ def test_thread_counts_are_exported_and_children_get_a_copy():
     child = environment.child_environment(target)
     child["OMP_NUM_THREADS"] = "5"
     assert target["OMP_NUM_THREADS"] == "2"
+
+
+def test_the_requeue_switch_and_the_sweep_point_are_read_here():
+    assert environment.requeue_allowed({}) and environment.requeue_allowed({"PSF_REQUEUE": "1"})
+    assert not environment.requeue_allowed({"PSF_REQUEUE": " 0 "})
+    assert environment.requeue_request({"PSF_REQUEUE_REQUEST": "/tmp/x/requeue"}) == "/tmp/x/requeue"
+    assert environment.sweep_point({}) is None and environment.sweep_point({"PSF_SWEEP_POINT": ""}) is None
+    assert environment.sweep_point({"SLURM_ARRAY_TASK_ID": "3"}) == "3"
+    assert environment.sweep_point({"PSF_SWEEP_POINT": "1", "SLURM_ARRAY_TASK_ID": "3"}) == "1"
+
+
+# Read where they are used, by the srun launcher (python -m psframework.launch) and a benchmark's own processes.
+READ_ELSEWHERE = {"PSF_SRUN_MPI", "PSF_SRUN_CPU_BIND", "PSF_SRUN_ARGS", "PSF_BENCH_JOB"}
+
+
+def test_every_psf_variable_is_named_in_the_environment_module_only():
+    """A PSF_ variable's name as a whole string (a read or a write) appears only in psframework/environment.py."""
+    table = {value for name, value in vars(environment).items() if name.isupper() and isinstance(value, str)}
+    found = {}
+    package = os.path.join(ROOT, "psframework")
+    for folder, _, files in os.walk(package):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or path == os.path.join(package, "environment.py"):
+                continue
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("PSF_") \
+                        and node.value.isidentifier() and node.value not in READ_ELSEWHERE:
+                    found.setdefault(node.value, os.path.relpath(path, ROOT))
+    assert not found, f"PSF_ variables named outside psframework/environment.py (read them there): {found}"
+    assert {"PSF_REQUEUE", "PSF_REQUEUE_REQUEST", "PSF_SWEEP_POINT"} <= table
 
 
 def test_runtime_and_environment_import_without_mpi():

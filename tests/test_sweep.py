@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import sys
 
 import pytest
 
 from psframework.cli import main
 from psframework.config import ConfigError
-from psframework.launch import LaunchError, cpu_binding, srun_command, srun_mpi_plugin, train_world_size
+from psframework.launch import LaunchError, cpu_binding, mpiexec_path, srun_command, srun_mpi_plugin, train_world_size
 from psframework.sweep import parse_grid, plan_sweep
 from psframework.sweepindex import point_arguments
 
@@ -53,6 +56,23 @@ def test_bad_grids_are_one_line(grid, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("psf: error: psf sweep:") and message in err[0], err
     assert not (tmp_path / "digits_sazd-sweep").exists()
+
+
+def test_a_dry_run_prints_each_points_launch_line_with_its_launcher_and_rank_count(tmp_path, capsys):
+    assert main(["sweep", SAZD, "--grid", "code.n=3,5", "code.k=2", "--dry-run", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    index = str(tmp_path / "digits_sazd-sweep" / "sweep.json")
+    assert len(lines) == 2, lines
+    for point, (line, ranks) in enumerate(zip(lines, ("4", "6"))):
+        words = shlex.split(line)
+        assert words[0] == f"PSF_SWEEP_POINT={point}", line
+        command = words[next(i for i, w in enumerate(words) if not re.match(r"[A-Z_]+=", w)):]  # after the variables
+        assert command[:3] == [mpiexec_path(), "-n", ranks], line
+        assert command[-7:] == [sys.executable, "-m", "mpi4py", "-m", "psframework", "train", index], line
+    assert os.listdir(tmp_path / "digits_sazd-sweep") == ["sweep.json"]  # nothing ran
+    assert main(["sweep", REFERENCE, "--grid", "train.lr=0.05,0.1", "--dry-run", "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert shlex.split(line)[:2] == ["PSF_SWEEP_POINT=1", sys.executable], line  # one process: no launcher
 
 
 def test_a_slurm_sweep_submits_one_array_with_the_largest_task_count(tmp_path, capsys):

@@ -16,11 +16,12 @@ import subprocess
 import threading
 from typing import Dict, List, Mapping, Optional
 
+from psframework import environment
 from psframework.fileio import atomic_write_text
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early with a checkpoint and can go on
 # Where psframework.launch wants rank 0's requeue request (a file path, in the environment of the step).
-REQUEUE_REQUEST = "PSF_REQUEUE_REQUEST"
+REQUEUE_REQUEST = environment.REQUEUE_REQUEST
 UNCATCHABLE = ("KILL", "STOP")
 
 
@@ -134,13 +135,13 @@ def requeue(env: Mapping[str, str], max_requeues: Optional[int] = None) -> str:
     job = slurm_job_to_requeue(env)
     if job is None:
         return "not a Slurm job: run it again with train.resume=auto to go on"
-    if env.get("PSF_REQUEUE", "1") == "0":
+    if not environment.requeue_allowed(env):
         return f"PSF_REQUEUE=0: job {job} is not requeued; submit it again with train.resume=auto to go on"
     restarts = restart_count(env)
     if max_requeues is not None and restarts >= max_requeues:
         return (f"job {job} was requeued {restarts} times already, the most train.max_requeues={max_requeues} "
                 "allows: not requeued; submit it again with train.resume=auto to go on")
-    request = env.get(REQUEUE_REQUEST)
+    request = environment.requeue_request(env)
     if request and os.path.isdir(os.path.dirname(request)):
         atomic_write_text(request, job)
         return f"Slurm job {job} is requeued once every rank has exited (by psframework.launch)"
