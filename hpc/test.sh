@@ -11,8 +11,11 @@
 #   PSF_TEST_TCP=0    skip the TCP re-run of the whole-suite run
 #   PSF_TEST_NETWORK  tcp: every test job's ranks talk over TCP (tests/mpiutil.py); default: shared memory
 #   MPIEXEC_TIMEOUT   outer bound in seconds for every mpiexec the tests start (default 120)
+#   PSF_EXTRAS        extras installed besides the test ones (default: vision, whose torchvision the
+#                     tests of torchvision's models need)
 #   and the knobs of hpc/env.sh (PSF_VENV, PSF_MPI, PSF_TORCH, ...)
 set -euo pipefail
+export PSF_EXTRAS="${PSF_EXTRAS-vision}"
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$PSF_ROOT"
 if [ "${PSF_LINT:-1}" != 0 ]; then

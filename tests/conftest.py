@@ -11,6 +11,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+# Every process the tests start (and this one) can import a torchvision whose C++ operators do not load
+# with the installed torch: see tests/startup/sitecustomize.py.
+SITE = os.path.join(ROOT, "tests", "startup")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, SITE)
+import sitecustomize  # noqa: E402,F401  (the hook for this process)
 
 
 @pytest.fixture

@@ -35,7 +35,10 @@ class RemoteConv(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, session: Session, index: int,
                 conv: nn.Conv2d) -> torch.Tensor:
         ctx.session, ctx.index = session, index
-        return session.forward(index, conv, x)
+        y = session.forward(index, conv, x)
+        # A decoded output may be a view (of the padded decode); autograd forbids in-place work on a view that
+        # a custom Function returns, and models do it: ReLU(inplace=True) right after a convolution.
+        return y if y._base is None else y.clone()
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None, None]:
