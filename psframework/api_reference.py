@@ -11,7 +11,7 @@ import sys
 from typing import Any, List
 
 from psframework import api
-from psframework.fileio import atomic_write_text
+from psframework.fileio import write_page
 
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "api.md")
 INTRO = ("Train from Python, and the contracts of the model and dataset factories a config names. This page is "
@@ -61,10 +61,7 @@ def api_markdown() -> str:
 
 def main(argv: List[str]) -> int:
     """Write the page (to argv[0], else docs/api.md) through a temporary file and a rename."""
-    path = argv[0] if argv else PAGE
-    atomic_write_text(path, api_markdown())
-    print(f"psf: wrote {path}")
-    return 0
+    return write_page(argv, PAGE, api_markdown)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import typing
 from typing import Any, Dict, Iterator, List, Literal, Tuple, Union
 
 from psframework.config import _BOUNDS, Config, _type_name
-from psframework.fileio import atomic_write_text
+from psframework.fileio import write_page
 
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "reference.md")
 
@@ -253,10 +253,7 @@ def reference_markdown() -> str:
 
 def main(argv: List[str]) -> int:
     """Write the reference page (to argv[0], else docs/reference.md) through a temporary file and a rename."""
-    path = argv[0] if argv else PAGE
-    atomic_write_text(path, reference_markdown())
-    print(f"psf: wrote {path}")
-    return 0
+    return write_page(argv, PAGE, reference_markdown)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -37,3 +37,11 @@ def atomic_write_text(path: str, text: str) -> None:
 def atomic_write_json(path: str, obj: Any) -> None:
     """Write `obj` as indented JSON to `path` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_page(argv: Sequence[str], default: str, render: Callable[[], str]) -> int:
+    """Write a generated page to argv[0], else `default` (through a temporary file and a rename); return 0."""
+    path = argv[0] if argv else default
+    atomic_write_text(path, render())
+    print(f"psf: wrote {path}")
+    return 0
