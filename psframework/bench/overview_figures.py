@@ -287,9 +287,6 @@ def _slow_link(report: Report) -> List[str]:
             f"rate half-way through each run, time after over before: {'; '.join(parts)}."]
 
 
-SLOW_LINK_NAMES = {"ddp": "torch DDP", "ps": "`ps`, one backup worker"}
-
-
 def readme_slow_link(report: Report, source: str) -> List[str]:
     """Return the README's example: each scheme's time after one worker's real link slowed, over before."""
     cases = [c for c in report["cases"] if c["straggler"] == SLOW_LINK]
@@ -299,10 +296,11 @@ def readme_slow_link(report: Report, source: str) -> List[str]:
     slow, passes, setting = inputs["slow_link"], inputs.get("repeat", 1), inputs["setting"]
     lines = [f"For example, with one worker's real {cases[0]['link_gbps']:g} Gb/s link slowed to "
              f"{slow['fraction'] * 100:g}% of its rate half-way through a run ({setting['model']}, "
-             f"n = {setting['n']}, {report['machine']}, medians of {passes} passes, `{source}`):", "",
+             f"n = {setting['n']}, {report['machine']}, medians of {passes} passes, `{source}`; the contenders of "
+             f"`{inputs['cases']}`, where ps has one backup worker):", "",
              "| scheme | time per iteration after the slowdown, over before |", "|---|---|"]
     ordered = sorted(cases, key=lambda c: -c["spread"]["slowdown"]["median"])
-    return lines + [f"| {SLOW_LINK_NAMES.get(c['scheme'], '`' + c['scheme'] + '`')} | "
+    return lines + [f"| {'torch DDP' if c['scheme'] == BASELINE else '`' + c['scheme'] + '`'} | "
                     f"{c['spread']['slowdown']['median']:.2f}x |" for c in ordered]
 
 
