@@ -27,9 +27,12 @@ CONFIG = os.path.join(ROOT, "configs", "digits_sazd.yaml")
 # decides a gradient entry. At this learning rate the training with BatchNorm is not chaotic: the
 # reference trainer with its initial weights perturbed by 1e-7 (hpc/sensitivity.py) ends within 1e-6.
 SYNTHETIC = ["data.dataset=synthetic", "data.synthetic.height=8", "data.synthetic.width=8",
-             "data.synthetic.channels=1", "data.synthetic.train_size=1024"]
-COMMON = ["train.max_iterations=30", "output.progress=off", "train.weight_decay=0.001", "train.momentum=0.9",
-          "train.lr=0.05", "model.batch_norm=true", *SYNTHETIC]
+             "data.synthetic.channels=1", "data.synthetic.train_size=990"]
+# One epoch of the 990 synthetic samples is 30 batches of 32 (the last, partial one dropped), the runs' length:
+# the cosine schedule, planned over the epochs, ends with them (its rate falls to zero, where rounding
+# differences no longer grow).
+COMMON = ["train.max_iterations=30", "train.epochs=1", "output.progress=off", "train.weight_decay=0.001",
+          "train.momentum=0.9", "train.lr=0.05", "model.batch_norm=true", *SYNTHETIC]
 GROUPS = ["train.servers=2", "code.n=3", "code.k=2"]
 
 
