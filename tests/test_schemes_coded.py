@@ -115,10 +115,10 @@ def test_wrong_world_size_is_one_clear_line(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("code.k=5", "code.k: got k=5 > n=4, expected k <= n"),
     ("train.optimizer=adam", "coded conv layers need a linear optimizer"),
-    ("data.root=/no/such/directory", "data.root: directory '/no/such/directory' does not exist"),
+    ("data.dataset=mnist data.root=/no/such/directory", "data.root: directory '/no/such/directory' does not exist"),
 ])
 def test_bad_inputs_under_mpi(tmp_path, override, message):
-    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, override, f"output.dir={tmp_path}"], timeout=100)
+    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, *override.split(), f"output.dir={tmp_path}"], timeout=100)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr

@@ -185,7 +185,8 @@ def bounds(loaded: Sequence[Loaded], expectations: str) -> List[str]:
     """Return the section listing every bound the committed runs do not meet, and those they cannot judge."""
     lines = ["## Bounds not met", "",
              "Each report's bounds, judged against its committed JSON by the code its page uses: the blocks of "
-             "[expectations.yaml](benchmarks/expectations.yaml) and the plan report's own error bounds.", ""]
+             "[docs/benchmarks/expectations.yaml](benchmarks/expectations.yaml) and the plan report's own error "
+             "bounds.", ""]
     met, unmeasured = [], []
     for item in loaded:
         judged = verdicts(item, expectations)
@@ -242,7 +243,7 @@ RERUN = [
     "the JSON and its `min`/`max`), judged into the report's Expectations section (`--expectations FILE` for "
     "other bounds, `--expectations none` for none).",
     "* `psf bench schemes`, `stragglers` and `scaleout` read their cases and ratios from "
-    "`configs/bench/NAME.yaml`, `psf bench peers` its contenders from `configs/bench/peers.yaml` (`--cases FILE` "
+    "`configs/bench/<name>.yaml`, `psf bench peers` its contenders from `configs/bench/peers.yaml` (`--cases FILE` "
     "for another list, `--config NAME=PATH` to swap one config, `KEY=VALUE` overrides for every case, `--repeat "
     "R` to train every case R times and report its median run).", "",
 ]
