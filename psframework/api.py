@@ -32,7 +32,7 @@ def train_module(model: nn.Module, config: Optional[str] = None, overrides: Sequ
         raise ConfigError(f"train_module: got a {type(model).__name__}, expected a torch.nn.Module")
     name = give(model)
     cfg = load_run(config, [*overrides, f"model.name={name}", "model.args={}"])
-    from psframework.schemes import train
+    from psframework.schemes.entry import train
     from psframework.runtime.world import mpi_world
     from psframework.schemes.startup import RunEnds
 

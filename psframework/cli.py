@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from psframework import __version__, environment
 from psframework.cliparse import EXIT_USAGE, Parser
-from psframework.config import ConfigError, dump_config
+from psframework.config import dump_config
+from psframework.errors import ConfigError
 from psframework.data import DatasetError
 from psframework.runtime.world import mpi_world
 from psframework.schemes.validate import load_run, make_settings
@@ -79,10 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (ConfigError, DatasetError) as exc:
         # Every rank reads the same config and fails the same way: one line, then a clean exit.
         return _end_cleanly(comm, _fail(str(exc), rank))
-    from psframework.schemes import train
+    from psframework.schemes.entry import train
 
     from psframework.comm.errors import TooFewWorkers, WatchdogTimeout
-    from psframework.runtime.node import LOSS
+    from psframework.runtime.node import RANK_LOSS
     from psframework.runtime.preempt import Preempted
     from psframework.schemes.startup import RunEnds
 
@@ -107,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if comm is not None and size > 1:
             _abort(comm, EXIT_FAILURE)
         return EXIT_FAILURE
-    if LOSS():
+    if RANK_LOSS():
         # A rank of the job died: MPI_Finalize would wait for it for ever, so leave without it.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -196,7 +196,7 @@ class OutputConfig:
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     overwrite: bool = False
     tensorboard: bool = False  # rank 0 writes the metrics as TensorBoard scalars to RUN_DIR/tensorboard
-    trace: bool = False  # every rank records a timeline of its phases; rank 0 writes RUN_DIR/trace.json
+    trace: bool = False  # every rank records a timeline of its timed activities; rank 0 writes RUN_DIR/trace.json
     trace_iterations: int = 50  # the timeline keeps the newest this many iterations
     trace_window: Optional[List[int]] = None  # or [first, last]: the iterations recorded
 

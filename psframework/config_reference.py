@@ -157,7 +157,7 @@ MEANINGS = {
     "output.overwrite": "replace a run directory that already holds a run",
     "output.tensorboard": "write the metrics as TensorBoard scalars to `<run dir>/tensorboard/` (extra "
                           "`tensorboard`)",
-    "output.trace": "every rank records a timeline of its phases; rank 0 writes `<run dir>/trace.json`",
+    "output.trace": "every rank records a timeline of its timed activities; rank 0 writes `<run dir>/trace.json`",
     "output.trace_iterations": "the timeline keeps the newest this many iterations",
     "output.trace_window": "null, or `[first, last]`: the iterations the timeline records (first <= last)",
 }

@@ -116,15 +116,16 @@ class Settings:
 def code_settings(cfg: Config, kind: Optional[str]) -> CodeSettings:
     """Return the code settings of a config; `kind` is its scheme's code (the registry entry's)."""
     c = cfg.code
-    return CodeSettings(kind, c.n, c.k, c.systematic, c.symbol_channels, c.nodes, c.subsets)
+    return CodeSettings(kind=kind, n=c.n, k=c.k, systematic=c.systematic, symbol_size=c.symbol_channels,
+                        nodes=c.nodes, subsets=c.subsets)
 
 
 def straggler_spec(cfg: Config) -> StragglerSpec:
     """Return the straggler model; its own checks become one config error line."""
     s = cfg.stragglers
     try:
-        return StragglerSpec(s.model, tuple(s.ranks), s.factor, s.seed, s.count, s.shape, s.responsive, s.pause_s,
-                             s.duty)
+        return StragglerSpec(model=s.model, ranks=tuple(s.ranks), factor=s.factor, seed=s.seed, count=s.count,
+                             shape=s.shape, responsive=s.responsive, pause_s=s.pause_s, duty=s.duty)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -136,23 +137,45 @@ def loss_scale_of(t: Any) -> str:
     return t.loss_scale
 
 
+def run_settings(cfg: Config) -> RunSettings:
+    """Return what the driver does around the steps, from the train and output sections."""
+    t, out = cfg.train, cfg.output
+    return RunSettings(
+        scheme=cfg.scheme, name=cfg.name, run_dir=cfg.run_dir, epochs=t.epochs, max_iterations=t.max_iterations,
+        eval_every=t.eval_every, verify_every=t.verify_every, checkpoint_every=t.checkpoint_every, resume=t.resume,
+        backup_workers=t.backup_workers, progress=out.progress, resume_force=t.resume_force,
+        overwrite=out.overwrite, preempt_signal=t.preempt_signal, servers=t.servers,
+        keep_checkpoints=t.keep_checkpoints, max_requeues=t.max_requeues, tensorboard=out.tensorboard,
+        trace=out.trace, trace_iterations=out.trace_iterations,
+        trace_window=tuple(out.trace_window) if out.trace_window else None)
+
+
+def transport_settings(cfg: Config) -> TransportSettings:
+    """Return the transport settings of the comm section."""
+    c = cfg.comm
+    return TransportSettings(
+        timeout_s=c.timeout_s, cuda_aware=c.cuda_aware, threads=c.threads, bandwidth_gbps=c.emulate.bandwidth_gbps,
+        latency_us=c.emulate.latency_us, dissemination=c.dissemination, window=c.window,
+        detach_after=c.detach_after, progress_thread=c.progress_thread, emulated_ranks=c.emulate.ranks,
+        detach_after_s=c.detach_after_s)
+
+
+def optim_settings(cfg: Config) -> OptimSettings:
+    """Return the optimizers, learning-rate schedule and step recipe of the train section."""
+    t = cfg.train
+    schedule = ScheduleSettings(
+        kind=t.lr_schedule, milestones=tuple(t.lr_milestones), gamma=t.lr_gamma, step_epochs=t.lr_step_epochs,
+        pct_start=t.lr_pct_start, div_factor=t.lr_div_factor, final_div_factor=t.lr_final_div_factor,
+        warmup=t.warmup, warmup_unit=t.warmup_unit, warmup_start_factor=t.warmup_start_factor)
+    return OptimSettings(
+        optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, nesterov=t.nesterov, weight_decay=t.weight_decay,
+        head_optimizer=t.head_optimizer, head_lr=t.head_lr, schedule=schedule, seed=t.seed,
+        label_smoothing=t.label_smoothing, accumulate=t.accumulate, precision=t.precision,
+        loss_scale=loss_scale_of(t), loss_scale_power=t.loss_scale_power, loss_scale_window=t.loss_scale_window)
+
+
 def build_settings(cfg: Config, code: Optional[str]) -> Settings:
     """Turn a validated Config into Settings; `code` is its scheme's code kind (None: no code)."""
-    t, c = cfg.train, cfg.comm
-    run = RunSettings(cfg.scheme, cfg.name, cfg.run_dir, t.epochs, t.max_iterations,
-                      t.eval_every, t.verify_every, t.checkpoint_every, t.resume, t.backup_workers,
-                      cfg.output.progress, t.resume_force, cfg.output.overwrite, t.preempt_signal, t.servers,
-                      t.keep_checkpoints, t.max_requeues, cfg.output.tensorboard, cfg.output.trace,
-                      cfg.output.trace_iterations,
-                      tuple(cfg.output.trace_window) if cfg.output.trace_window else None)
-    transport = TransportSettings(c.timeout_s, c.cuda_aware, c.threads, c.emulate.bandwidth_gbps,
-                                  c.emulate.latency_us, c.dissemination, c.window, c.detach_after,
-                                  c.progress_thread, c.emulate.ranks, c.detach_after_s)
-    schedule = ScheduleSettings(t.lr_schedule, tuple(t.lr_milestones), t.lr_gamma, t.lr_step_epochs, t.lr_pct_start,
-                                t.lr_div_factor, t.lr_final_div_factor, t.warmup, t.warmup_unit,
-                                t.warmup_start_factor)
-    optim = OptimSettings(t.optimizer, t.lr, t.momentum, t.nesterov, t.weight_decay, t.head_optimizer, t.head_lr,
-                          schedule, t.seed, t.label_smoothing, t.accumulate, t.precision, loss_scale_of(t),
-                          t.loss_scale_power, t.loss_scale_window)
-    return Settings(run, code_settings(cfg, code), transport, straggler_spec(cfg), optim, cfg.data, cfg.model,
-                    cfg.device, cfg.to_dict())
+    return Settings(run=run_settings(cfg), code=code_settings(cfg, code), transport=transport_settings(cfg),
+                    stragglers=straggler_spec(cfg), optim=optim_settings(cfg), data=cfg.data, model=cfg.model,
+                    device=cfg.device, config=cfg.to_dict())

@@ -12,7 +12,9 @@ from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
-from psframework.arrays import InterfaceBackend, NumpyBackend, register_backend
+from psframework.arrays import register_backend
+from psframework.arrays.cuda_backends import InterfaceBackend
+from psframework.arrays.numpy_backend import NumpyBackend
 
 COPIES: Dict[str, int] = {"to_host": 0, "to_device": 0}  # device copies made so far, by direction
 

@@ -158,7 +158,7 @@ def test_a_module_built_in_python_trains_through_the_api(tmp_path, ranks, scheme
 
 def test_the_api_refuses_what_is_not_a_module():
     import psframework
-    from psframework.config import ConfigError
+    from psframework.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train_module: got a str, expected a torch.nn.Module"):
         psframework.train_module("resnet20")

@@ -9,11 +9,12 @@ import re
 import pytest
 
 from psframework.bench import expectations as expect
-from psframework.bench import peers
+from psframework.bench import peers, peers_cases, peers_render
 from psframework.bench.cases import CaseFileError
 from psframework.bench.contenders import load as load_contenders
 from psframework.bench.contenders import parse as parse_contenders
 from psframework.bench.ddp import ring_bytes
+from psframework.bench.peers_links import link_words
 from psframework.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +27,7 @@ def case(scheme, n=4, link=None, straggler="none", time=0.1, cpu=0.2, detached=0
     k = n if scheme == "uncoded" else n - max(1, n // 4)
     return {"scheme": scheme, "coded": scheme in CODED, "n": n, "k": k, "link_gbps": link, "straggler": straggler,
             "ranks": n + 1,
-            "label": f"{scheme}, n={n}, {peers.link_words(link)}, {straggler}", "iteration_s": time,
+            "label": f"{scheme}, n={n}, {link_words(link)}, {straggler}", "iteration_s": time,
             "timed_iterations": 10, "cpu_s_per_iteration": cpu, "cpu_s_per_iteration_rank0": cpu / 4,
             "rank0_bytes_per_iteration": 2 ** 20, "detached": detached, "worker_compute_s": 0.01,
             "rank0_parts_s": {} if scheme == "ddp" else PARTS}
@@ -68,7 +69,7 @@ def test_the_report_renders_tables_ratios_and_verdicts():
              case("sazd", straggler="stop-go", time=0.2), case("sazd-relay", time=0.17),
              case("stanza", link=10.0, time=0.09)]
     block = expect.load(os.path.join(DOCS, "expectations.yaml"), "peers")
-    markdown = peers.render(report(cases), block)
+    markdown = peers_render.render(report(cases), block)
     assert "### n = 4 workers, no emulation (coded k = 3)" in markdown and "### n = 4 workers, 10 Gb/s" in markdown
     assert "| sazd | 3 | 160.0 (1.60x) | 300.0 (1.50x) | 200.0 | 1.25x | 2.50x | 1.0 | 0 / 0 |" in markdown
     assert "## Where rank 0's time goes" in markdown and "| sazd, n=4, no emulation, none | 160.0 | 50.0 |" in markdown
@@ -96,7 +97,7 @@ def test_the_contender_file_names_ddp_as_baseline_and_takes_k_from_the_registry(
     assert [c.name for c in CONTENDERS.contenders] == ["ddp", "ps", "stanza", "sazd", "sazd-relay", "uncoded"]
     assert CONTENDERS.baseline == "ddp" and CONTENDERS.pairs == {"relay_over_direct_time": ("sazd-relay", "sazd")}
     assert CODED == {"sazd", "sazd-relay", "uncoded"}
-    cases = {c.name: peers.Case(c, 8, "none", "none") for c in CONTENDERS.contenders}
+    cases = {c.name: peers_cases.Case(c, 8, "none", "none") for c in CONTENDERS.contenders}
     assert cases["sazd"].k == 6 and cases["uncoded"].k == 8 and cases["ddp"].ranks == 8 and cases["ps"].ranks == 9
 
 
@@ -137,4 +138,4 @@ def test_a_small_head_to_head_trains_every_case_and_stops_a_worker(tmp_path, cap
     # DDP waits for the stopped worker every iteration; sazd (n = 2, k = 1) goes on without it.
     assert got[("ddp", "stop-go")]["iteration_s"] > got[("ddp", "none")]["iteration_s"]
     assert data["ratios"][0]["ddp_over_sazd_stop_go"] > 1
-    assert (tmp_path / "peers.md").read_text() == peers.render(data, None)
+    assert (tmp_path / "peers.md").read_text() == peers_render.render(data, None)

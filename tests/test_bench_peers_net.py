@@ -9,7 +9,7 @@ import os
 import pytest
 
 from netclusterutil import require_namespaces
-from psframework.bench import peers
+from psframework.bench import peers, peers_cases, peers_render
 from psframework.bench import peers_links as links
 from psframework.bench.contenders import load as load_contenders
 from psframework.cli import main
@@ -21,8 +21,8 @@ DDP, PS, SAZD = (CONTENDERS.named(name) for name in ("ddp", "ps", "sazd"))
 
 
 def test_each_group_runs_as_ddp_case_ddp_case_in_every_pass():
-    cases = [peers.Case(c, 4, "1", "none", net) for net in links.NETWORKS for c in (DDP, PS, SAZD)]
-    cases += [peers.Case(c, 4, "10", links.SLOW_LINK, links.NETCLUSTER) for c in (DDP, SAZD)]
+    cases = [peers_cases.Case(c, 4, "1", "none", net) for net in links.NETWORKS for c in (DDP, PS, SAZD)]
+    cases += [peers_cases.Case(c, 4, "10", links.SLOW_LINK, links.NETCLUSTER) for c in (DDP, SAZD)]
     order = links.schedule(cases, 2, "ddp", interleave=True)
     names = [(p, c.contender.name, c.network, c.straggler) for p, c in order]
     one_pass = [("ddp", "emulated", "none"), ("ps", "emulated", "none"), ("ddp", "emulated", "none"),
@@ -88,7 +88,7 @@ def report():
 
 
 def test_the_report_puts_emulated_and_real_links_side_by_side():
-    markdown = peers.render(report(), None)
+    markdown = peers_render.render(report(), None)
     assert "| real 1 Gb/s | 40 | 0.940 | 0.94 | 64 | 1.0 |" in markdown
     assert ("| sazd | 200.0 (190.0-250.0) | 1.50 (1.40-1.60) | 300.0 (300.0-300.0) |  | 1.50 (1.50-1.50) | 1.0 | "
             "2.0 / 1.0 | 16.0 | 2.0 / 3.0 |") in markdown
@@ -132,5 +132,5 @@ def test_a_tiny_run_crosses_the_hosts_links_and_leaves_no_cluster(tmp_path, caps
         assert moved >= c["rank0_bytes_per_iteration"] > 0
     assert got["sazd"]["spread"]["over_baseline"]["median"] > 0
     assert data["pingpong"][0]["link_gbps"] is None and data["pingpong"][0]["bandwidth_bps"] > 0
-    assert (tmp_path / "peers.md").read_text() == peers.render(data, None)
+    assert (tmp_path / "peers.md").read_text() == peers_render.render(data, None)
     assert not hosts.leftover_namespaces(f"pb{os.getpid() % 10**8}")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from psframework.codes import PolyCode, SAZDCode, UncodedCode
 from psframework.models import build_model, input_size_of, place, split_parameters
-from psframework.schemes.coded.core import CodedServer, CodedWorker
+from psframework.schemes.coded.core import DecodingServer, EncodingWorker
 from psframework.schemes.coded.layers import layer_codings
 from psframework.schemes.coded.plan import command_plan
 from psframework.schemes.coded.state import conv_state_tensors, decode_conv_state
@@ -67,15 +67,16 @@ def train_both(code, overrides, iterations=12, model_fn=None, size=None, channel
     codings = layer_codings(placement, code.k, cfg.code.symbol_channels)
     t = cfg.train
     state = pack(conv_state_tensors(model, placement.coded_names, None))  # what rank 0 sends at the start
-    workers = [CodedWorker.from_state(j, code, codings, state, optim) for j in range(code.n)]
+    workers = [EncodingWorker.from_state(j, code, codings, state, optim) for j in range(code.n)]
     coded = placement.worker_parameter_names()
     named = list(model.named_parameters())
     local = [p for key, p in named if key not in coded and key not in placement.head]
     post = make_optimizer(local, "sgd", t.lr, t.momentum, t.nesterov, t.weight_decay) if local else None
     exchange = LocalExchange(workers, code.k)
-    server = CodedServer(model, code, codings, command_plan(model, placement, workers_update=True),
-                         [head_optimizer(optim, [p for key, p in named if key in placement.head]), post], exchange,
-                         SoleServer())
+    plan = command_plan(model, placement, distributed_encoding_and_updating=True)
+    server = DecodingServer(model, code, codings, plan,
+                            [head_optimizer(optim, [p for key, p in named if key in placement.head]), post], exchange,
+                            SoleServer())
     gen = torch.Generator().manual_seed(1)
     for _ in range(iterations):
         x = torch.randn(8, channels, size, size, generator=gen)

@@ -14,7 +14,8 @@ from psframework.codes import (WIDE_OVERHEAD, PolyCode, SAZDCode, UncodedCode, s
 from psframework.codes.layout import WIDE_MAX_SYMBOLS
 from psframework.codes.zigzag import COPY
 from psframework.comm import Envelope, Kind, Transport
-from psframework.comm.rounds import MPIServerLink, cpu_per_iteration
+from psframework.comm.rounds import cpu_per_iteration
+from psframework.comm.server_link import MPIServerLink
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.settings import CodeSettings
 
@@ -53,7 +54,7 @@ def test_wide_symbols_keep_the_extra_bytes_small_and_the_symbols_few(n, k, syste
 
 @pytest.mark.parametrize("n,k,systematic", CODES)
 def test_relay_restores_every_bit_from_every_k_subset(n, k, systematic):
-    relay = Dissemination("relay", CodeSettings("shift-add", n, k, systematic))
+    relay = Dissemination("relay", CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
     x = torch.randn(5, 7, 3, 11)
     x.view(-1)[:4] = torch.tensor([float("nan"), -0.0, float("inf"), 1e-45])  # payloads a float copy could lose
     x.view(torch.int32).view(-1)[4] = 0x7FC00123  # a NaN with a payload
@@ -66,7 +67,7 @@ def test_relay_restores_every_bit_from_every_k_subset(n, k, systematic):
 
 @pytest.mark.parametrize("n,k,systematic", CODES)
 def test_relay_decoding_costs_the_same_calls_whatever_the_tensor_size(n, k, systematic):
-    relay = Dissemination("relay", CodeSettings("shift-add", n, k, systematic))
+    relay = Dissemination("relay", CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
     calls = []
     for numel in (3 * 10 ** 4, 3 * 10 ** 6):  # a hundred times the elements, as many symbols
         layout = relay.layout(numel)
@@ -91,12 +92,14 @@ def test_blocks_inside_the_tensor_are_views_and_only_the_padded_one_is_a_copy():
 
 
 class FakeTransport:
-    """What MPIServerLink.detach_laggards reads of a transport: kept-back messages and signs of life."""
+    """What the server link's detach rule (Roster.detach_laggards) reads of a transport: kept-back messages and signs
+    of life."""
 
     def __init__(self, oldest, heard):
         self.oldest, self.heard = oldest, heard
         self.failed, self.detached = set(), []
         self.stats = None
+        self.outbox = self  # the send side: what is kept back, signs of life, dropping
 
     def oldest_kept(self, rank):
         return self.oldest.get(rank)
@@ -119,9 +122,9 @@ def test_only_a_worker_that_is_behind_and_silent_is_detached():
     # acknowledged something during iteration 9 (slow, not stopped); rank 3 is not behind at all.
     transport = FakeTransport(oldest={1: 8, 2: 8}, heard={1: 100.0, 2: 105.0, 3: 0.0})
     link = MPIServerLink(transport, [1, 2, 3], detach_after=2, say=lambda line: None)
-    link.iteration = 10
-    link.started = {8: 98.0, 9: 104.0, 10: 110.0}
-    link.detach_laggards([1, 2, 3])
+    link.roster.iteration = 10
+    link.roster.started = {8: 98.0, 9: 104.0, 10: 110.0}
+    link.roster.detach_laggards([1, 2, 3])
     assert transport.detached == [1] and list(link.members.detached) == [1]
     assert link.members.log == [{"rank": 1, "detached_at": 10, "readmitted_at": None}]
 
@@ -153,11 +156,11 @@ def test_a_message_waits_on_its_emulated_link_while_the_sender_goes_on():
 
 def test_a_message_received_is_a_sign_of_life():
     t = self_transport(None)
-    before = t.heard_from(0)
+    before = t.outbox.heard_from(0)
     time.sleep(0.01)
     t.isend(0, np.zeros(1, np.float32), Envelope(Kind.COMMAND, 1))
     t.recv(0, Envelope(Kind.COMMAND, 1))
-    assert t.heard_from(0) > before
+    assert t.outbox.heard_from(0) > before
     t.close()
 
 

@@ -12,15 +12,15 @@ import shlex
 import pytest
 import yaml
 
-from psframework.bench import cases, codec, comm, peers, precision, runs, scaleout, schemes, stragglers
+from psframework.bench import cases, codec, comm, peers_render, precision, runs, scaleout, schemes, stragglers
 from psframework.bench import expectations as expect
 from psframework.bench import report as rep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
 REPORTS = {"codec.json": codec.render, "one-thread/codec.json": codec.render, "comm.json": comm.render,
-           "peers.json": peers.render, "netcluster/peers.json": peers.render, "scaleout.json": scaleout.render,
-           "schemes.json": schemes.render, "stragglers.json": stragglers.render}
+           "peers.json": peers_render.render, "netcluster/peers.json": peers_render.render,
+           "scaleout.json": scaleout.render, "schemes.json": schemes.render, "stragglers.json": stragglers.render}
 
 
 def block(**entries) -> dict:
@@ -112,7 +112,7 @@ def test_the_project_expectations_file_parses_and_covers_every_benchmark():
 # Rendering each report type from a small hand-made report.
 
 def codec_report() -> dict:
-    case = {"packets": [0, 1, 2], "operations": 3, "symbol_operations": 48, "rounds": 1, "compile_s": 2.5e-5,
+    case = {"packets": [0, 1, 2], "operations": 3, "symbol_operations": 48, "levels": 1, "compile_s": 2.5e-5,
             "decode_s": 0.00123, "numpy_sum_s": 0.0005, "decode_min_s": 0.0011, "numpy_sum_min_s": 0.0004,
             "decode_reused_out_s": 0.001, "ratio_to_numpy_sum": 2.46, "reused_out_ratio_to_numpy_sum": 2.0,
             "poly_over_sazd_decode": 0.5}

@@ -127,7 +127,7 @@ def test_schedule_merges_runs_into_whole_block_slices():
     schedule = code.schedule((0, 1, 3, 4, 5, 6), L)  # block 2 lost, rebuilt from the plain-sum parity
     assert len(schedule.ops) == 2 * k - 2  # k-1 copies, then one subtraction per other block
     assert all(op[2] == L for op in schedule.ops)
-    assert schedule.rounds == 2
+    assert schedule.levels == 2
 
 
 def test_schedule_is_compiled_once():

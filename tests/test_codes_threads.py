@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from psframework.arrays import CupyBackend, backend_of
+from psframework.arrays import backend_of
+from psframework.arrays.cuda_backends import CupyBackend
 from psframework.codes import SAZDCode, get_decode_threads, set_decode_threads
 from psframework.codes import threads as decode_threads
 from psframework.codes import zigzag

@@ -29,14 +29,14 @@ def test_a_paced_sender_keeps_back_what_is_beyond_its_window():
     t = self_transport(window=2)
     handles = [t.isend(0, np.full(3, i, np.float32), envelope(i)) for i in range(5)]
     assert [h.requests is None for h in handles] == [False, False, True, True, True]
-    assert [h.envelope.iteration for h in t.backlog(0)] == [2, 3, 4]
+    assert [h.envelope.iteration for h in t.outbox.backlog(0)] == [2, 3, 4]
     assert t.stats.sent_messages == 5  # what the algorithm sent, kept back ones included
     # Receiving the first two acknowledges them (a credit message, since nothing goes back): the
     # next two go out, in order.
     for i in range(2):
         assert t.recv(0, envelope(i)).tolist() == [i] * 3
     t.progress()
-    assert [h.envelope.iteration for h in t.backlog(0)] == [4]
+    assert [h.envelope.iteration for h in t.outbox.backlog(0)] == [4]
     assert t.recv(0, envelope(2)).tolist() == [2] * 3
     t.close()
 
@@ -45,9 +45,9 @@ def test_dropping_forgets_kept_back_messages_and_counts_them():
     t = self_transport(window=1)
     for i in range(4):
         t.isend(0, np.zeros(2, np.float32), envelope(i))
-    assert t.drop(0, before=2) == 1  # only iteration 1 is kept back and older than 2
-    assert [h.envelope.iteration for h in t.backlog(0)] == [2, 3]
-    assert t.drop(0) == 2 and not t.backlog(0)
+    assert t.outbox.drop(0, before=2) == 1  # only iteration 1 is kept back and older than 2
+    assert [h.envelope.iteration for h in t.outbox.backlog(0)] == [2, 3]
+    assert t.outbox.drop(0) == 2 and not t.outbox.backlog(0)
     assert t.stats.dropped_messages == 3 and t.stats.dropped_bytes == 3 * 8
     assert t.recv(0, envelope(0)).tolist() == [0.0, 0.0]
     t.close()
@@ -56,7 +56,7 @@ def test_dropping_forgets_kept_back_messages_and_counts_them():
 def test_an_unpaced_transport_posts_everything_at_once():
     t = self_transport(window=None)
     handles = [t.isend(0, np.zeros(1), envelope(i)) for i in range(20)]
-    assert all(h.requests is not None for h in handles) and not t.backlog(0)
+    assert all(h.requests is not None for h in handles) and not t.outbox.backlog(0)
     for i in range(20):
         t.recv(0, envelope(i))
     t.close()
@@ -118,7 +118,7 @@ def test_the_freeze_model_stops_and_continues_a_process():
     import subprocess
     import sys
 
-    spec = StragglerSpec("freeze", ranks=(2,), pause_s=0.2, duty=0.5)
+    spec = StragglerSpec(model="freeze", ranks=(2,), pause_s=0.2, duty=0.5)
     assert Stragglers(spec, [1, 2, 3]).factors(0) == {1: 0.0, 2: 0.0, 3: 0.0}  # no per-iteration delays
     assert start_freezer(spec, 1) is None
     # Sample the state of a sleeping child: frozen (T) about half the time, running (S) otherwise.

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from psframework.cli import main
-from psframework.config import Config, ConfigError, dump_config
+from psframework.config import Config, dump_config
+from psframework.errors import ConfigError
 from psframework.schemes.registry import get_scheme
 from psframework.schemes.validate import load_run, make_settings
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from psframework.config import ConfigError, DataConfig
+from psframework.config import DataConfig
+from psframework.errors import ConfigError
 from psframework.data import (DatasetError, Split, StreamedSplit, TensorPair, dataset_shape, iterate_batches,
                               load_dataset, shard)
 from psframework.data.custom import custom_image_shape

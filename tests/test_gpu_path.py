@@ -21,7 +21,7 @@ def test_receive_buffers_are_allocated_on_the_transports_device():
     assert allocate("int64", (4,), None).device.type == "cpu" and allocate("int64", (4,), "cpu").shape == (4,)
     transport = Transport(MPI.COMM_SELF, timeout_s=5, device="meta")
     try:
-        out = transport.allocate("float16", (5, 1))
+        out = transport.receives.allocate("float16", (5, 1))
         assert out.device.type == "meta" and out.dtype == torch.float16 and tuple(out.shape) == (5, 1)
     finally:
         transport.close()

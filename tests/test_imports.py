@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "psframework"
 # Where a topology is chosen: the registry, the driver-level assembly of a run's sides and its group objects.
-TOPOLOGY_MODULES = ("registry.py", "__init__.py", "topology.py")
+TOPOLOGY_MODULES = ("registry.py", "entry.py", "topology.py")
 SERVER_BRANCHES = re.compile(r"\bgroup is None\b|\bgroup is not None\b|\bshards == 1\b|\bacross is not None\b"
                              r"|\bacross is None\b|\bservers > 1\b|\bservers == 1\b|\bgroups > 1\b")
 

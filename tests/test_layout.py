@@ -14,6 +14,8 @@ from psframework.schemes import scheme_names
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "psframework")
 MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 600
+MAX_CLASS_LINES = 300
 
 
 def python_files(folder: str = PACKAGE):
@@ -37,6 +39,8 @@ LAYERS = (
     ("runtime",),
     ("settings",),
     ("schemes", "doctor"),
+    ("report_runs",),
+    ("report_labels", "report_plots"),
     ("api", "launch", "report", "config_reference"),
     ("netcluster",),
     ("sweep", "bench", "", "api_reference"),
@@ -94,6 +98,57 @@ def test_no_function_is_longer_than_60_lines_outside_report_rendering():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+def test_no_file_is_longer_than_600_lines_and_no_class_longer_than_300():
+    long = []
+    for path in python_files():
+        text, where = source(path), os.path.relpath(path, ROOT)
+        lines = len(text.splitlines())
+        if lines > MAX_FILE_LINES:
+            long.append(f"{where} ({lines} lines)")
+        for node in ast.walk(ast.parse(text)):
+            size = node.end_lineno - node.lineno + 1 if isinstance(node, ast.ClassDef) else 0
+            if size > MAX_CLASS_LINES:
+                long.append(f"{where}:{node.lineno} class {node.name} ({size} lines)")
+    assert not long, long
+
+
+def repository_files():
+    """Yield every Python file of the package, the tests, the scripts and the examples."""
+    for folder in ("psframework", "tests", "hpc", "examples"):
+        yield from python_files(os.path.join(ROOT, folder))
+
+
+def test_config_error_is_imported_from_errors_only():
+    found = []
+    for path in repository_files():
+        for node in ast.walk(ast.parse(source(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("config") and \
+                    "ConfigError" in [alias.name for alias in node.names]:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    assert not found, f"ConfigError imported from the config module (import it from psframework.errors): {found}"
+
+
+def test_the_schemes_package_init_defines_no_function():
+    tree = ast.parse(source(os.path.join(PACKAGE, "schemes", "__init__.py")))
+    defined = [node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert not defined, f"psframework/schemes/__init__.py defines {defined} (the entry point is schemes/entry.py)"
+
+
+SETTINGS_CLASSES = {"Settings", "RunSettings", "OptimSettings", "ScheduleSettings", "CodeSettings",
+                    "TransportSettings"}
+
+
+def test_settings_are_built_with_keyword_arguments():
+    found = []
+    for path in repository_files():
+        for node in ast.walk(ast.parse(source(path))):
+            name = getattr(node, "func", None)
+            name = getattr(name, "id", None) or getattr(name, "attr", None)
+            if isinstance(node, ast.Call) and name in SETTINGS_CLASSES and node.args:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {name}")
+    assert not found, f"settings built with positional arguments: {found}"
 
 
 def test_the_registry_lists_every_scheme_with_loadable_sides():

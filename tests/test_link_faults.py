@@ -21,7 +21,7 @@ from netclusterutil import cluster
 from psframework.cli import main
 from psframework.netcluster import hosts, jobs
 from psframework.runtime.preempt import EXIT_PREEMPTED
-from psframework.comm.rounds import MPIServerLink
+from psframework.comm.server_link import MPIServerLink
 from test_coded_path import FakeTransport
 from test_schemes_coded import COMMON, assert_same_model, losses
 from test_stragglers_real import Job, used_ranks_after
@@ -113,9 +113,9 @@ def test_a_worker_heard_within_the_detach_seconds_is_not_detached():
     now = time.monotonic()
     transport = FakeTransport(oldest={1: 8, 2: 8}, heard={1: now - 0.3, 2: now - 1.5})
     link = MPIServerLink(transport, [1, 2], detach_after=2, say=lambda line: None, detach_after_s=1.0)
-    link.iteration = 10
-    link.started = {8: now - 0.15, 9: now - 0.1, 10: now - 0.05}
-    link.detach_laggards([1, 2])
+    link.roster.iteration = 10
+    link.roster.started = {8: now - 0.15, 9: now - 0.1, 10: now - 0.05}
+    link.roster.detach_laggards([1, 2])
     assert transport.detached == [2] and list(link.members.detached) == [2]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from psframework.cli import main
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.models import FAMILIES, build_model, input_size_of, place, split_parameters
 from psframework.models.cut import cut_model
 from psframework.schemes.coded.plan import backward_order

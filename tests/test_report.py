@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from psframework import report
+from psframework import report, report_labels, report_plots, report_runs
 from psframework.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +190,8 @@ def test_the_slowdown_is_the_ratio_to_the_straggler_free_twin(written, sweep):
     line = [row for row in markdown.splitlines() if row.startswith("| scheme=sazd, code.k=2, stragglers.factor=4 |")
             and "x |" in row]
     assert len(line) == 1 and "| scheme=sazd, code.k=2, stragglers.factor=1 |" in line[0]
-    assert f"| {report.slowdown_text(ratio)} |" in line[0] and report.slowdown_text(ratio) == f"{ratio:.2f}x"
+    text = report_plots.slowdown_text(ratio)
+    assert f"| {text} |" in line[0] and text == f"{ratio:.2f}x"
 
 
 def test_the_unfinished_point_is_listed_as_unfinished(written):
@@ -265,19 +266,19 @@ def test_without_matplotlib_the_error_says_how_to_install_it(reference_run, tmp_
 
 
 def test_repeats_are_labelled_by_seed_and_each_pairs_with_the_twin_of_its_seed():
-    def run(factor: int, seed: int) -> report.Run:
+    def run(factor: int, seed: int) -> report_runs.Run:
         cfg = {"name": f"r{factor}{seed}", "scheme": "sazd", "code.k": 2, "stragglers.model": "fixed",
                "stragglers.factor": float(factor), "train.seed": 10 + seed, "data.seed": 20 + seed, "output.dir": "x"}
         metrics = [{"iteration": i, "iteration_s": (1.0 if i == 1 else 0.01 * factor * (1 + seed))} for i in (1, 2, 3)]
-        return report.Run(f"d{factor}{seed}", cfg, metrics, None,
-                          [f"stragglers.factor={factor}", f"train.seed={10 + seed}", f"data.seed={20 + seed}"],
-                          world_size=5, repeat=seed)
+        return report_runs.Run(f"d{factor}{seed}", cfg, metrics, None,
+                               [f"stragglers.factor={factor}", f"train.seed={10 + seed}", f"data.seed={20 + seed}"],
+                               world_size=5, repeat=seed)
 
     runs = [run(factor, seed) for factor in (1, 3) for seed in (0, 1)]
-    report.assign_labels(runs)
+    report_labels.assign_labels(runs)
     assert [r.label for r in runs] == ["stragglers.factor=1, seed=0", "stragglers.factor=1, seed=1",
                                        "stragglers.factor=3, seed=0", "stragglers.factor=3, seed=1"]
-    pairs, lonely = report.straggler_pairs(runs)
+    pairs, lonely = report_labels.straggler_pairs(runs)
     assert [(a.label, b.label, round(ratio, 6)) for a, b, ratio in pairs] == [
         ("stragglers.factor=3, seed=0", "stragglers.factor=1, seed=0", 3.0),
         ("stragglers.factor=3, seed=1", "stragglers.factor=1, seed=1", 3.0)]
@@ -290,10 +291,10 @@ def test_repeats_are_labelled_by_seed_and_each_pairs_with_the_twin_of_its_seed()
                                              ({"stragglers.model": "exponential", "stragglers.factor": 0.0}, True),
                                              ({"stragglers.model": "freeze", "stragglers.pause_s": 0.5}, False)])
 def test_which_configs_count_as_straggler_free(stragglers, off):
-    assert report.stragglers_off(stragglers) is off
+    assert report_labels.stragglers_off(stragglers) is off
 
 
 def test_runs_that_nothing_tells_apart_get_numbered_labels():
-    runs = [report.Run(f"d{i}", {"name": "same", "scheme": "sazd"}) for i in range(3)]
-    report.assign_labels(runs)
+    runs = [report_runs.Run(f"d{i}", {"name": "same", "scheme": "sazd"}) for i in range(3)]
+    report_labels.assign_labels(runs)
     assert [r.label for r in runs] == ["same #1", "same #2", "same #3"]

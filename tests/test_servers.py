@@ -15,7 +15,7 @@ from mpiutil import describe, run_mpi, run_psf
 from test_preempt import interrupt
 from psframework.cli import main
 from psframework.comm.collective import CollectiveStats
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.schemes.common import meta_model, placement_of
 from psframework.schemes.groups import ServerGroup, part_size, sync_bytes
 from psframework.schemes.registry import SchemeError, get_scheme

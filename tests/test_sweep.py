@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from psframework.cli import main
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.launch import LaunchError, cpu_binding, mpiexec_path, srun_command, srun_mpi_plugin, train_world_size
 from psframework.sweep import parse_grid, plan_sweep
 from psframework.sweepindex import point_arguments

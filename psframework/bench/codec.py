@@ -209,7 +209,7 @@ def decode_figures(sazd: SAZDCode, cases: Dict[str, Tuple[int, ...]], symbols: i
         schedule = sazd.schedule(used, symbols)
         case = decode[label] = {
             "packets": list(used), "operations": len(schedule.ops), "symbol_operations": schedule.symbol_ops,
-            "rounds": schedule.rounds,
+            "levels": schedule.levels,
             "compile_s": median_time(lambda: sazd.schedule(used, symbols, cache=False), max(3, repeats // 4)),
             "decode_s": timings["decode " + label].median, "numpy_sum_s": timings["sum " + label].median,
             "decode_min_s": timings["decode " + label].minimum, "numpy_sum_min_s": timings["sum " + label].minimum,

@@ -65,13 +65,13 @@ def raw_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
     return mean
 
 
-def timed_rounds(one_round: Callable[[int], None], iterations: int) -> float:
-    """Run two warm-up rounds, then `iterations` timed ones; return the mean seconds per timed round."""
-    one_round(0)
-    one_round(1)
+def timed_exchanges(one_exchange: Callable[[int], None], iterations: int) -> float:
+    """Run two warm-up exchanges, then `iterations` timed ones; return the mean seconds per timed exchange."""
+    one_exchange(0)
+    one_exchange(1)
     start = time.perf_counter()
     for i in range(2, iterations + 2):
-        one_round(i)
+        one_exchange(i)
     return (time.perf_counter() - start) / iterations
 
 
@@ -96,7 +96,7 @@ def transport_one_way(t: Any, nbytes: int, iterations: int, server_sends: bool, 
     receiver = 1 - sender
     t.comm.Barrier()
 
-    def one_round(i: int) -> None:
+    def one_exchange(i: int) -> None:
         data, done = data_env.with_iteration(i), ack_env.with_iteration(i)
         if rank == sender:
             t.send(receiver, payload, data)
@@ -105,7 +105,7 @@ def transport_one_way(t: Any, nbytes: int, iterations: int, server_sends: bool, 
             t.recv(sender, data, out=payload)
             t.send(sender, ack, done)
 
-    return timed_rounds(one_round, iterations)
+    return timed_exchanges(one_exchange, iterations)
 
 
 def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
@@ -118,7 +118,7 @@ def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
     rank = comm.Get_rank()
     comm.Barrier()
 
-    def one_round(i: int) -> None:
+    def one_exchange(i: int) -> None:
         if rank == 0:
             comm.Send([s_msg, MPI.BYTE], 1, 1)
             comm.Recv([r_msg, MPI.BYTE], 1, 2)
@@ -126,7 +126,7 @@ def raw_sendrecv_pingpong(comm: Any, nbytes: int, iterations: int) -> float:
             comm.Recv([r_msg, MPI.BYTE], 0, 1)
             comm.Send([s_msg, MPI.BYTE], 0, 2)
 
-    return timed_rounds(one_round, iterations) / 2
+    return timed_exchanges(one_exchange, iterations) / 2
 
 
 def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
@@ -139,7 +139,7 @@ def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
     back = Envelope(Kind.REPLY, 0, layer=2, phase=Phase.FORWARD)
     t.comm.Barrier()
 
-    def one_round(i: int) -> None:
+    def one_exchange(i: int) -> None:
         go, come = there.with_iteration(i), back.with_iteration(i)
         if t.rank == 0:
             t.send(1, s_msg, go)
@@ -148,7 +148,7 @@ def transport_pingpong(t: Any, nbytes: int, iterations: int) -> float:
             t.recv(0, go, out=r_msg)
             t.send(0, s_msg, come)
 
-    return timed_rounds(one_round, iterations) / 2
+    return timed_exchanges(one_exchange, iterations) / 2
 
 
 def measure_bandwidth(comm: Any, t: Any, sizes: List[int], repeats: int, quick: bool) -> List[Dict[str, Any]]:

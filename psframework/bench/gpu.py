@@ -108,7 +108,7 @@ def check_relay(device: str) -> Dict[str, Any]:
     from psframework.schemes.coded.dissemination import Dissemination
     from psframework.settings import CodeSettings
 
-    dissemination = Dissemination("relay", CodeSettings("shift-add", 4, 3))
+    dissemination = Dissemination("relay", CodeSettings(kind="shift-add", n=4, k=3))
     x = torch.randn(32, 6, 14, 14, generator=torch.Generator().manual_seed(1)).to(device)
     packets = dissemination.packets(x)
     bad = [subset for subset in itertools.combinations(range(4), 3)

@@ -74,7 +74,7 @@ class TrainingBenchmark:
 
     def measure(self, args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], int]:
         """Train every case and return the report, or exit status 2 on bad options, case file or configs."""
-        from psframework.config import ConfigError
+        from psframework.errors import ConfigError
 
         if args.iterations is not None and args.iterations < 2:
             return rep.fail(self.prog, f"--iterations got {args.iterations}, expected at least 2")

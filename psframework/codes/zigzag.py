@@ -3,14 +3,14 @@
 Which symbol is solved from which packet, and in what order, depends only on the shift matrix, the
 packets used and the block length L (in symbols), never on the data. `compile_schedule` works that
 order out once: it picks, for every symbol, the equation (packet position) with the smallest
-estimated rounding error, then groups the solved symbols into rounds of mutually independent
-solutions. Within a round, consecutive symbols solved from the same packet merge into one slice,
+estimated rounding error, then groups the solved symbols into levels of mutually independent
+solutions. Within a level, consecutive symbols solved from the same packet merge into one slice,
 and a lone symbol whose terms are evenly spaced in the decoded buffer (always so for the systematic
 and non-systematic constructions) is solved by one strided sum. The result is a short tuple of
 operations that only copy, add and subtract; it is cached per arrival set and block length.
 
 The operations become array calls (`row_calls`, made with the schedule). The negated packet symbols
-that RNEG operations start from are written before the first round, neighbours merged into one
+that RNEG operations start from are written before the first level, neighbours merged into one
 slice. Arrays in host
 memory (NumPy, and CPU torch tensors through zero-copy NumPy views) are decoded through one canonical
 view, (outer, symbols, columns), in which every call treats each column alike: a large decode splits
@@ -86,7 +86,7 @@ class Schedule:
     symbols: int  # L, symbols per block
     blocks: int  # k
     ops: Tuple[Op, ...]
-    rounds: int  # peeling rounds (the depth of the dependency chain)
+    levels: int  # peeling levels (the depth of the dependency chain)
 
     @property
     def symbol_ops(self) -> int:
@@ -297,8 +297,8 @@ def _compile_impl(shifts: Tuple[Tuple[int, ...], ...], used: Tuple[int, ...], L:
     ops: List[Op] = []
     for level in range(1, int(levels.max()) + 1):
         chosen = levels == level
-        ops.extend(_round_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
-    schedule = Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), rounds=int(levels.max()))
+        ops.extend(_level_ops(T, present, L, block[chosen], symbol[chosen], slot[chosen]))
+    schedule = Schedule(used=used, symbols=L, blocks=T.shape[1], ops=tuple(ops), levels=int(levels.max()))
     schedule.row_calls  # made now, so that compiling is all the work a new arrival set costs
     return schedule
 
@@ -363,7 +363,7 @@ def _peel(T: np.ndarray, L: int, used: Tuple[int, ...]) -> Tuple[np.ndarray, np.
 
 
 def _levels(T: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray, slot: np.ndarray) -> np.ndarray:
-    """Return each solved symbol's round: one more than the latest round among its equation's other terms."""
+    """Return each solved symbol's level: one more than the latest level among its equation's other terms."""
     k = T.shape[1]
     level = np.zeros((k, L), dtype=np.int64)
     levels = np.empty(block.size, dtype=np.int64)
@@ -377,9 +377,9 @@ def _levels(T: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray, slot: 
     return levels
 
 
-def _round_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray,
+def _level_ops(T: np.ndarray, present: np.ndarray, L: int, block: np.ndarray, symbol: np.ndarray,
                slot: np.ndarray) -> List[Op]:
-    """Return the operations of one peeling round: one group per run of symbols solved from one packet."""
+    """Return the operations of one peeling level: one group per run of symbols solved from one packet."""
     order = np.lexsort((symbol, block, slot))
     block, symbol, slot = block[order], symbol[order], slot[order]
     breaks = np.flatnonzero((np.diff(symbol) != 1) | (np.diff(block) != 0) | (np.diff(slot) != 0)) + 1

@@ -15,12 +15,12 @@ _EXPORTS = {
     "WatchdogTimeout": "errors", "MessageMismatch": "errors", "TooFewWorkers": "errors",
     "TensorInfo": "buffers", "tensor_info": "buffers", "host_empty": "buffers",
     "CudaAwareness": "cuda", "detect_cuda_aware": "cuda", "resolve_cuda_aware": "cuda",
-    "Transport": "transport", "TransportStats": "transport", "FirstK": "transport", "Gather": "transport",
-    "SendHandle": "transport", "DrainReport": "transport",
+    "Transport": "transport", "DrainReport": "transport", "TransportStats": "stats", "FirstK": "gather",
+    "Gather": "gather", "SendHandle": "outbox",
     "RelayedPackets": "relay", "gather_packets": "relay", "send_packet": "relay", "Mailbox": "mailbox",
     "Roles": "roles", "setup_roles": "roles",
-    "MPIServerLink": "rounds", "MPIWorkerLink": "rounds", "ShardedWorkerLink": "rounds", "Msg": "rounds",
-    "Replies": "rounds", "WorkerReport": "rounds",
+    "MPIServerLink": "server_link", "MPIWorkerLink": "worker_link", "ShardedWorkerLink": "worker_link",
+    "Msg": "rounds", "Replies": "rounds", "WorkerReport": "rounds",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -30,11 +30,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cuda import CudaAwareness, detect_cuda_aware, resolve_cuda_aware
     from .envelope import Envelope, Header, Kind, Phase, make_tag, split_tag
     from .errors import MessageMismatch, TooFewWorkers, WatchdogTimeout
+    from .gather import FirstK, Gather
     from .relay import RelayedPackets, gather_packets, send_packet
     from .mailbox import Mailbox
+    from .outbox import SendHandle
     from .roles import Roles, setup_roles
-    from .rounds import MPIServerLink, MPIWorkerLink, Msg, Replies, ShardedWorkerLink, WorkerReport
-    from .transport import DrainReport, FirstK, Gather, SendHandle, Transport, TransportStats
+    from .rounds import Msg, Replies, WorkerReport
+    from .server_link import MPIServerLink
+    from .stats import TransportStats
+    from .transport import DrainReport, Transport
+    from .worker_link import MPIWorkerLink, ShardedWorkerLink
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,9 @@
 """What a scheme's sides see of the transport: the server's link to its workers and a worker's to its server.
 
-`comm.rounds` implements them (`MPIServerLink`; `MPIWorkerLink`, and `ShardedWorkerLink` for a worker
-of several parameter shards' servers, which joins and splits vectors itself), so a scheme is written
-against these signatures and one tensor per message whatever the topology.
+`comm.server_link` and `comm.worker_link` implement them (`MPIServerLink`; `MPIWorkerLink`, and
+`ShardedWorkerLink` for a worker of several parameter shards' servers, which joins and splits vectors
+itself), so a scheme is written against these signatures and one tensor per message whatever the
+topology.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The transport's mailbox mode (`Transport.mailbox(source)`): a rank that falls behind (a straggler)
 still receives its messages while it computes or sleeps, whatever their tags, so its sender's
 buffers and queues never fill up behind it. Messages are kept by envelope until taken. Payloads
-arrive through the transport's own receive path (`receive_buffer`, `count_received`): the mailbox
-knows its transport only as that `ReceivePath`, so the transport imports the mailbox and not back.
+arrive through the transport's own receive side (`receives.receive_buffer`, `receives.count_received`):
+the mailbox knows its transport only as that `ReceivePath`, so the transport imports the mailbox and
+not back.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ from .flow import FlowControl, test_one
 from .polling import DEFAULT
 
 
-class ReceivePath(Protocol):
-    """What a mailbox uses of its transport (a Transport): the communicator, credits, receive buffers, waits."""
-
-    comm: Any
-    flow: FlowControl
-    stats: Any  # received_messages is counted here
+class ReceiveSide(Protocol):
+    """What a mailbox uses of its transport's receive side (a Receives): buffers, counts, failures."""
 
     def allocate(self, dtype: str, shape: Tuple[int, ...]) -> Any:
         """Return an empty tensor to receive a payload into."""
@@ -35,8 +32,17 @@ class ReceivePath(Protocol):
     def count_received(self, nbytes: int) -> None:
         """Count a payload that came in."""
 
-    def peer_failed(self, rank: int) -> None:
+    def fail(self, rank: int) -> None:
         """End everything to and from a rank the MPI reported dead."""
+
+
+class ReceivePath(Protocol):
+    """What a mailbox uses of its transport (a Transport): the communicator, credits, receive side, waits."""
+
+    comm: Any
+    flow: FlowControl
+    stats: Any  # received_messages is counted here
+    receives: ReceiveSide
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: Any = DEFAULT) -> bool:
         """Serve every receive and send until ready() holds; False once timeout_s has passed."""
@@ -71,7 +77,7 @@ class Mailbox:
             if not outcome:
                 if outcome is None:  # the source died: nothing more comes from it
                     self._request = None
-                    self.transport.peer_failed(self.source)
+                    self.transport.receives.fail(self.source)
                 return
             tag = status.Get_tag()
             if self._pending is None:
@@ -81,13 +87,13 @@ class Mailbox:
                     raise RuntimeError(f"message from rank {self.source}: header says {header.envelope}, "
                                        f"tag {tag} does not match")
                 if header.nbytes:
-                    out = self.transport.allocate(header.dtype, header.shape)
-                    wire = self.transport.receive_buffer(out)
+                    out = self.transport.receives.allocate(header.dtype, header.shape)
+                    wire = self.transport.receives.receive_buffer(out)
                     self._pending = (header, out, wire)
                     # The payload follows its header with the same tag: this receive matches it first.
                     self._request = self.transport.comm.Irecv([wire.data, MPI.BYTE], self.source, tag)
                     continue
-                self._keep(header, self.transport.allocate(header.dtype, header.shape))
+                self._keep(header, self.transport.receives.allocate(header.dtype, header.shape))
             else:
                 header, out, wire = self._pending
                 self._pending = None
@@ -98,7 +104,7 @@ class Mailbox:
     def _keep(self, header: Header, data: Any) -> None:
         self.newest = max(self.newest, header.envelope.iteration)
         self.transport.stats.received_messages += 1
-        self.transport.count_received(header.nbytes)
+        self.transport.receives.count_received(header.nbytes)
         self.kept[(header.envelope.tag, header.envelope.iteration)] = (header, data)
 
     def has(self, envelope: Envelope) -> bool:

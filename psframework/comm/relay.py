@@ -15,7 +15,10 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .envelope import Envelope
 from .errors import WatchdogTimeout
-from .transport import DEFAULT, FirstK, SendHandle, Transport
+from .gather import FirstK
+from .outbox import SendHandle
+from .polling import DEFAULT
+from .transport import Transport
 
 
 def relay_order(rank: int, size: int) -> List[int]:

@@ -17,8 +17,8 @@ from typing import List, Sequence
 import numpy as np
 
 
-def half_round_trips(comm, message: np.ndarray, repeats: int) -> List[float]:
-    """Return the half round-trip times of `repeats` ping-pongs of `message` between ranks 0 and 1."""
+def one_way_times(comm, message: np.ndarray, repeats: int) -> List[float]:
+    """Return the one-way times (half of each round trip) of `repeats` ping-pongs of `message` between ranks 0 and 1."""
     rank, times = comm.Get_rank(), []
     for _ in range(repeats):
         comm.Barrier()
@@ -42,11 +42,11 @@ def measure(size: int, repeats: int, latency_repeats: int) -> dict:
         raise SystemExit(f"pingpong: got {comm.Get_size()} ranks, expected 2")
     hosts = comm.gather(socket.gethostname(), root=0)
     small = np.zeros(1, dtype=np.uint8)
-    half_round_trips(comm, small, 5)  # connections made, caches warm
-    latency = statistics.median(half_round_trips(comm, small, latency_repeats))
+    one_way_times(comm, small, 5)  # connections made, caches warm
+    latency = statistics.median(one_way_times(comm, small, latency_repeats))
     large = np.zeros(size, dtype=np.uint8)
-    half_round_trips(comm, large, 1)  # the first large message also opens TCP's window
-    seconds = statistics.median(half_round_trips(comm, large, repeats))
+    one_way_times(comm, large, 1)  # the first large message also opens TCP's window
+    seconds = statistics.median(one_way_times(comm, large, repeats))
     if comm.Get_rank():
         return None
     return {"hosts": hosts, "latency_s": latency, "bandwidth_bps": size * 8 / max(seconds - latency, 1e-12),

@@ -23,7 +23,7 @@ from psframework.models.cut import cut_model
 from psframework.plan.profile import ConvLayer, Fit, Link, Profile
 from psframework.data.registry import dataset_shape
 from psframework.schemes.common import input_shape, make_optimizer, new_model, placement_of
-from psframework.schemes.coded.core import CodedWorker
+from psframework.schemes.coded.core import EncodingWorker
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.layers import layer_codings
 from psframework.schemes.coded.plan import backward_order
@@ -128,7 +128,7 @@ class Calibration:
             code = SAZDCode(k + 1, k, systematic=True)
             codings = layer_codings(self.placement, k, settings.code.symbol_size)
             for j in (0, k):  # a systematic worker and the parity worker
-                worker = CodedWorker.from_state(j, code, codings, state, settings.optim)
+                worker = EncodingWorker.from_state(j, code, codings, state, settings.optim)
                 self._time_worker(worker, codings, code, samples)
             self._time_decode(codings, code, decode)
         layers = []
@@ -141,7 +141,7 @@ class Calibration:
                                     self._uncoded(conv)))
         return layers, Fit.of(decode)
 
-    def _time_worker(self, worker: CodedWorker, codings: Sequence, code: SAZDCode,
+    def _time_worker(self, worker: EncodingWorker, codings: Sequence, code: SAZDCode,
                      samples: Dict[int, Dict[str, List[Tuple[float, float]]]]) -> None:
         gen = torch.Generator().manual_seed(worker.j)
         for c, conv in zip(codings, self.placement.coded):
@@ -184,7 +184,7 @@ class Calibration:
         enc, dec = [], []
         biggest = max((self.batch * _prod(c.input_shape) for c in self.placement.coded), default=1024)
         for k in (2, 3, 6):
-            relay = Dissemination("relay", CodeSettings("shift-add", k + 1, k))
+            relay = Dissemination("relay", CodeSettings(kind="shift-add", n=k + 1, k=k))
             for values in (biggest // 4, biggest):
                 x = torch.randn(values)
                 enc.append((values, self.time(lambda: relay.packets(x))))

@@ -250,7 +250,8 @@ def coded_setup(setup) -> bool:
 
 def plot(predictions, path: str, title: str) -> None:
     """Draw the fastest setup of each scheme at each n (seconds per iteration against n)."""
-    from psframework.report import ReportError, pyplot, save_figure
+    from psframework.report_plots import pyplot, save_figure
+    from psframework.report_runs import ReportError
 
     try:
         plt = pyplot()

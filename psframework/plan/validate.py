@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
-from psframework.bench import peers, peers_net
+from psframework.bench import peers, peers_cases, peers_net, peers_runs
 from psframework.plan import validation_report as plan_report
 from psframework.bench import report as rep
 from psframework.bench.contenders import Contender
@@ -102,7 +102,7 @@ def quick(cases: Sequence[Check]) -> List[Check]:
     return [c for c in keep if c.link == links[c.network]] + [c for c in cases if c.held_out][:2]
 
 
-def setup_of(check: Check, case: peers.Case) -> Setup:
+def setup_of(check: Check, case: peers_cases.Case) -> Setup:
     """Return the model's setup of a case, read from its contender's overrides."""
     if case.ddp:
         return Setup(DDP, check.n, check.n)
@@ -114,14 +114,14 @@ def setup_of(check: Check, case: peers.Case) -> Setup:
 
 def cluster_of(check: Check, profile: Profile) -> Cluster:
     """Return this machine as the case ran on it: one pool of cores, emulated or real links."""
-    gbps = peers.link_gbps(check.link)
+    gbps = peers_cases.link_gbps(check.link)
     shm, tcp = profile.links["shm"], profile.links.get("tcp", profile.links["shm"])
     if check.network == NETCLUSTER:
         rate = tcp.bandwidth_Bps if gbps is None else gbps * 1e9 / 8
         return Cluster(hosts=5, cores_per_host=CORES, link_Bps=rate, latency_s=tcp.latency_s, local=tcp, remote=tcp,
                        one_pool=True, cyclic=True)
     rate = float("inf") if gbps is None else gbps * 1e9 / 8
-    latency = 0.0 if gbps is None else peers.LATENCY_US * 1e-6
+    latency = 0.0 if gbps is None else peers_cases.LATENCY_US * 1e-6
     return Cluster(hosts=1, cores_per_host=CORES, link_Bps=rate, latency_s=latency, local=shm, remote=tcp,
                    emulated=True, one_pool=True)
 
@@ -180,10 +180,10 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
     rows = []
     with real_links(netcluster) as net, tempfile.TemporaryDirectory(prefix="psf-plan-") as runs:
         for check in todo:
-            case = peers.Case(check.contender, check.n, check.link, "none", check.network)
+            case = peers_cases.Case(check.contender, check.n, check.link, "none", check.network)
             extra = list(check.workload.overrides) + ([f"code.k={check.k}"] if check.k else [])
-            opts = peers.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout)
-            measured = peers.run_case(case, opts, runs, net)
+            opts = peers_runs.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout)
+            measured = peers_runs.run_case(case, opts, runs, net)
             profile = found[check.workload.name]
             predicted = predict(profile, setup_of(check, case), cluster_of(check, profile))
             rows.append(plan_report.row(check, measured, predicted, os.getloadavg()[0]))

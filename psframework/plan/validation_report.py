@@ -137,7 +137,7 @@ def question_lines(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any]) -> L
 
 def scatter(cases: Sequence[Mapping[str, Any]], path: str) -> None:
     """Draw predicted against measured seconds per iteration, held-out cases apart (PNG, written atomically)."""
-    from psframework.report import pyplot, save_figure
+    from psframework.report_plots import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5))

@@ -54,7 +54,7 @@ class Node:
                 "server_send_delay_s": hook.delayed_s}
 
 
-class LossNotice:
+class RankLossNotice:
     """Whether the process manager has said that a rank of this job died.
 
     MPICH's hydra, under `-disable-auto-cleanup`, sends every other rank SIGUSR1 when one dies
@@ -77,7 +77,7 @@ class LossNotice:
         return self.noticed
 
 
-LOSS = LossNotice()
+RANK_LOSS = RankLossNotice()  # true once the process manager has said that a rank of this job died
 
 
 def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu",
@@ -96,7 +96,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     from psframework.runtime.memory import keep_freed_memory
     from psframework.runtime.threads import configure_threads
 
-    LOSS.install()
+    RANK_LOSS.install()
     keep_freed_memory()
     roles = setup_roles(comm, groups)
     chosen, note = select_device(device, roles.world)

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.fileio import atomic_write
 from psframework.settings import Settings
 

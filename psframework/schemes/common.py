@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from psframework.config import ConfigError, DataConfig
+from psframework.config import DataConfig
+from psframework.errors import ConfigError
 
 from psframework.data import Dataset, Split, dataset_shape, image_shape, iterate_batches, load_dataset, num_batches
 from psframework.models import Placement, build_model, input_size_of, place

@@ -92,7 +92,7 @@ def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Sched
     m = optim.accumulate
     per_epoch = iterations_per_epoch(data, num_samples, m)
     if per_epoch == 0:
-        from psframework.config import ConfigError
+        from psframework.errors import ConfigError
 
         steps = f" x train.accumulate={m}" if m > 1 else ""
         raise ConfigError(f"data.batch_size: got {data.batch_size}{steps}, larger than the {num_samples} "
@@ -103,7 +103,7 @@ def make_schedule(settings: Settings, num_samples: int, start: int = 0) -> Sched
     check_schedule(optim.schedule, planned // m, per_epoch // m, m)
     window = run.trace_window
     if run.trace and window and window[1] > total:
-        from psframework.config import ConfigError
+        from psframework.errors import ConfigError
 
         raise ConfigError(f"output.trace_window: got {list(window)}, beyond the run's {total} iterations; expected "
                           f"iterations within 1..{total}")
@@ -243,7 +243,7 @@ def resume(side: ServerSide, checkpoint: Any) -> None:
         return
     num_train = len(side.problem.dataset.train)
     if checkpoint.num_train != num_train:
-        from psframework.config import ConfigError
+        from psframework.errors import ConfigError
 
         raise ConfigError(f"train.resume: checkpoint {checkpoint.path!r} was written for {checkpoint.num_train} "
                           f"training samples, the dataset has {num_train}")

@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 
 from torch import nn
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 
 from psframework.models.cut import cut_model
 from psframework.models.placement import Placement

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import torch
 
 from psframework import environment
-from psframework.config import FILE_DATASETS, ConfigError
+from psframework.config import FILE_DATASETS
+from psframework.errors import ConfigError
 from psframework.imports import is_import_path
 from psframework.settings import Settings
 

@@ -59,7 +59,8 @@ class Scheme:
     byte_model: Optional[str] = None  # "module:function" (settings, model, placement, group) -> bytes (sent, received)
     group_byte_model: Optional[str] = None  # the byte model with several servers (default: `byte_model`)
     sync_model: Optional[str] = None  # "module:function" (settings, model, placement) -> bytes summed among servers
-    linear_conv_optimizer: bool = False  # workers keep coded weight copies: only a linear step keeps them exact
+    # The workers encode and update coded weight copies: only a linear step keeps them exact.
+    distributed_encoding_and_updating: bool = False
     k_equals_n: bool = False  # every worker is needed
     backup_workers: bool = False  # rank 0 may go on without the b slowest workers
     shards_batch: bool = False  # each worker computes on its own shard of the global batch
@@ -87,7 +88,7 @@ class Scheme:
     def workers_sum_across_groups(self) -> bool:
         """Return whether, with several servers, the workers keep state that they sum across the groups
         (DEU coded weights, Stanza's conv stack): they move in step, none is detached or left out."""
-        return self.mpi and (self.linear_conv_optimizer or self.cuts_model)
+        return self.mpi and (self.distributed_encoding_and_updating or self.cuts_model)
 
     @property
     def coded(self) -> bool:
@@ -127,7 +128,7 @@ class Scheme:
         c, t = cfg.code, cfg.train
         if self.k_equals_n:
             _require(c.k == c.n, f"code.k: got k={c.k} with n={c.n}, scheme {self.name} needs k = n")
-        if self.linear_conv_optimizer:
+        if self.distributed_encoding_and_updating:
             _require(t.optimizer in LINEAR_OPTIMIZERS,
                      f"train.optimizer: got {t.optimizer!r} for scheme {self.name}; coded conv layers need a "
                      "linear optimizer (sgd with momentum/nesterov/weight_decay) so that the coded weight "
@@ -238,11 +239,11 @@ def get_scheme(name: str) -> Scheme:
     return scheme
 
 
-_CODED = dict(module="psframework.schemes.coded.server", server="CodedServerSide",
-              worker="psframework.schemes.coded.worker:CodedWorkerSide",
-              group_worker="psframework.schemes.coded.worker:GroupCodedWorkerSide",
+_CODED = dict(module="psframework.schemes.coded.server", server="DecodingServerSide",
+              worker="psframework.schemes.coded.worker:EncodingWorkerSide",
+              group_worker="psframework.schemes.coded.worker:GroupEncodingWorkerSide",
               byte_model="psframework.schemes.coded.exchange:expected_server_bytes",
-              sync_model="expected_sync_bytes", linear_conv_optimizer=True,
+              sync_model="expected_sync_bytes", distributed_encoding_and_updating=True,
               cost_graph="psframework.plan.graphs:coded_iteration")
 _PARALLEL = dict(byte_model="expected_server_bytes", backup_workers=True, shards_batch=True, proposed=True)
 
@@ -259,7 +260,7 @@ register(Scheme("stanza", "layer separation: conv stack on the workers (data par
 register(Scheme("sazd", "SA-coded conv layers with distributed encoding and updating; any k of n",
                 code="shift-add", proposed=True, **_CODED))
 register(Scheme("sazd-naive", "SA-coded conv layers; rank 0 encodes, ships coded weights and updates",
-                "psframework.schemes.coded.naive", "NaiveServerSide", "NaiveWorkerSide", code="shift-add",
+                "psframework.schemes.coded.naive", "EncodingServerSide", "StatelessWorkerSide", code="shift-add",
                 sync_model="expected_sync_bytes"))
 register(Scheme("poly", "polynomial (real Vandermonde) coded conv layers; any k of n", code="polynomial", **_CODED))
 register(Scheme("uncoded", "plain model parallel conv layers; every worker needed", code="split",

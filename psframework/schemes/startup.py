@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 import numpy as np
 
-from psframework.config import ConfigError
+from psframework.errors import ConfigError
 from psframework.data import DatasetError
 from psframework.rundir import RunDirectory, open_run_directory
 from psframework.schemes.checkpoint import Checkpoint, differences, fingerprint, read_checkpoint

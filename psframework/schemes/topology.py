@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from psframework.comm.links import ServerLink, WorkerLink
-from psframework.runtime.node import LOSS, Node, start_node
+from psframework.runtime.node import RANK_LOSS, Node, start_node
 from psframework.schemes.groups import Group, ServerGroup, SoleServer
 from psframework.schemes.registry import Scheme
 from psframework.settings import Settings
@@ -43,16 +43,16 @@ def join(settings: Settings, scheme: Scheme, comm: Any) -> Topology:
 
 def server_link(settings: Settings, node: Node) -> ServerLink:
     """Return a server's link to its workers (a sharded server's: over its shard's communicator)."""
-    from psframework.comm.rounds import MPIServerLink
+    from psframework.comm.server_link import MPIServerLink
 
     roles, transport = node.shards[0] if node.shards else (node.roles, node.transport)
     return MPIServerLink(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
-                         lost=LOSS, detach_after_s=settings.transport.detach_after_s)
+                         lost=RANK_LOSS, detach_after_s=settings.transport.detach_after_s)
 
 
 def worker_link(node: Node) -> WorkerLink:
     """Return a worker's link to its server, or to every shard's server (joined into one link)."""
-    from psframework.comm.rounds import MPIWorkerLink, ShardedWorkerLink
+    from psframework.comm.worker_link import MPIWorkerLink, ShardedWorkerLink
 
     if node.shards:
         return ShardedWorkerLink([MPIWorkerLink(t, r) for r, t in node.shards])

@@ -113,7 +113,8 @@ def main() -> None:
 
     for transport in (relay_peers, peers):
         report = transport.drain(5.0)
-        assert report.unfinished_sends == 0 and not transport.pending()[0], (report, transport.pending())
+        posted = transport.receives.pending()
+        assert report.unfinished_sends == 0 and not posted, (report, posted)
     world.send(0, torch.tensor(1), Envelope(Kind.CONTROL, 99))
     world.drain(5.0)
     roles.comm.Barrier()

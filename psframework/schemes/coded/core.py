@@ -1,7 +1,7 @@
 """The coded model-parallel algorithm, apart from its transport.
 
-`CodedServer` runs one training iteration through an `Exchange` that delivers a layer's tensor to
-the workers and returns the replies the server decodes from (any k of n); `CodedWorker` is what one
+`DecodingServer` runs one training iteration through an `Exchange` that delivers a layer's tensor to
+the workers and returns the replies the server decodes from (any k of n); `EncodingWorker` is what one
 worker does with the commands it receives. The MPI sides plug an MPI exchange in (exchange.py);
 tests plug an in-process one, so the arithmetic is checked against the reference trainer without MPI.
 """
@@ -52,12 +52,12 @@ class Update:
     pieces: List[Callable[[], List[torch.Tensor]]]  # gradients still to compute, one piece of work each
     lr_factor: float  # the schedule's learning-rate factor of the iteration it belongs to
     steps: bool = True  # whether the optimizer steps after it (False: a micro-batch whose gradients accumulate)
-    iteration: int = 0  # with loss scaling: the iteration whose decision (`CodedWorker.decisions`) the step takes
+    iteration: int = 0  # with loss scaling: the iteration whose decision (`EncodingWorker.decisions`) the step takes
     grads: List[torch.Tensor] = field(default_factory=list)  # gradients computed so far
 
 
-class CodedWorker:
-    """Worker j: holds packet j of every conv layer's row- and column-coded weights and updates them.
+class EncodingWorker:
+    """Worker j: encodes packet j of every conv layer's row- and column-coded weights and updates them.
 
     Updates are deferred: `update` queues a layer's update and the worker applies it (`settle`) while
     it waits for the layer's next forward command or, at the latest, before its next forward pass.
@@ -90,7 +90,7 @@ class CodedWorker:
 
     @classmethod
     def from_state(cls, j: int, code: Code, codings: List[LayerCoding], state: torch.Tensor, optim: OptimSettings,
-                   **extra: Reduce) -> "CodedWorker":
+                   **extra: Reduce) -> "EncodingWorker":
         """Return worker j holding its packets of an uncoded conv state (`state.conv_state_tensors`, flat)."""
         weights, buffers = encode_state(code, codings, state, j)
         worker = cls(j, code, codings, weights, optim, **extra)
@@ -216,7 +216,7 @@ class CodedWorker:
         return out
 
 
-class SummingCodedWorker(CodedWorker):
+class SummingEncodingWorker(EncodingWorker):
     """Worker j of one of several groups: sums each coded gradient with the holders of packet j in the
     other groups before the step (the sum of the groups' coded gradients is the coded image of the
     whole batch's gradient).
@@ -246,8 +246,8 @@ class SummingCodedWorker(CodedWorker):
             self._step(layer, unpack(finish(), shapes))
 
 
-class CodedServer:
-    """Rank 0's side: runs the model with its coded convolutions computed by the workers.
+class DecodingServer:
+    """Rank 0: runs the model with its coded convolutions computed by the workers, each decoded from k replies.
 
     The model runs in its own order with each coded Conv2d replaced by a remote convolution whose
     forward sends X and decodes Y from the first k replies and whose backward sends dY and decodes
@@ -318,7 +318,7 @@ class CodedServer:
 class _Rounds:
     """The session of one iteration: each remote convolution's call becomes a round, in the planned order."""
 
-    def __init__(self, server: CodedServer) -> None:
+    def __init__(self, server: DecodingServer) -> None:
         self.server, self.exchange, self.plan = server, server.exchange, server.plan
         self.position = 0
         self.inf = False  # whether an output gradient sent was not finite (checked with loss scaling only)

@@ -41,9 +41,10 @@ class MpiExchange:
     """
 
     def __init__(self, link: Any, k: int, payloads: Callable[[Command, torch.Tensor], Payloads],
-                 workers_step: bool = True) -> None:
+                 distributed_encoding_and_updating: bool = True) -> None:
         self.link, self.k, self.payloads = link, k, payloads
-        self.workers_step = workers_step  # whether the workers step weights of their own (DEU)
+        # whether the workers step coded weights of their own (and so need each step's loss-scaling decision)
+        self.distributed_encoding_and_updating = distributed_encoding_and_updating
         self.iteration, self.encode_s = 0, 0.0
 
     def begin(self, iteration: int) -> None:
@@ -63,7 +64,7 @@ class MpiExchange:
 
     def conclude(self, scale: float, taken: bool) -> None:
         """Send the workers that step their own weights the step's loss scale and whether it is taken."""
-        if self.workers_step:
+        if self.distributed_encoding_and_updating:
             self.link.send(torch.tensor([scale, float(taken)]), Msg.scale(self.iteration))
 
     def round(self, command: Command, x: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:

@@ -1,9 +1,10 @@
 """Naive SAZD coded training (`sazd-naive`): the server encodes, ships coded weights and updates.
 
-The baseline DEU improves on: rank 0 keeps the uncoded conv weights, encodes every worker's coded
-weights and sends them with each command, decodes the replies, computes the conv weight gradients
-itself and applies the update. Workers are stateless: they only compute with what they are sent, so
-the first layer's backward (which needs no input gradient) involves them not at all.
+The baseline that distributed encoding and updating improves on: rank 0 keeps the uncoded conv
+weights, encodes every worker's coded weights and sends them with each command, decodes the replies,
+computes the conv weight gradients itself and applies the update. Workers are stateless: they only
+compute with what they are sent, so the first layer's backward (which needs no input gradient)
+involves them not at all.
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ from psframework.schemes.coded.exchange import Payloads
 from psframework.schemes.coded.layers import (CodedWeights, coded_forward, coded_input_grad, encode_layer,
                                               uncoded_weight_grads)
 from psframework.schemes.coded.plan import Command
-from psframework.schemes.coded.server import CodedServerBase, stepped_sync_bytes
-from psframework.schemes.coded.worker import CodedWorkerBase
+from psframework.schemes.coded.server import CommandServerBase, stepped_sync_bytes
+from psframework.schemes.coded.worker import CommandWorkerBase
 from psframework.schemes.common import conv_optimizer
 from psframework.schemes.recipe import compute_dtype
 from psframework.schemes.vectors import pack, unpack
 from psframework.settings import Settings
 
 
-class NaiveServerSide(CodedServerBase):
-    """Rank 0: holds the conv weights, encodes them for the workers every round, updates them."""
+class EncodingServerSide(CommandServerBase):
+    """Rank 0 of `sazd-naive`: holds the conv weights, encodes them for the workers every round, updates them."""
 
-    workers_update = False  # the workers take only the passes whose result rank 0 decodes
+    distributed_encoding_and_updating = False  # the workers take only the passes whose result rank 0 decodes
 
     def conv_optimizers(self) -> List[torch.optim.Optimizer]:
         """Create the conv layers' optimizer here, on rank 0 (checkpoints restore it with the others)."""
@@ -63,10 +64,10 @@ class NaiveServerSide(CodedServerBase):
         return Payloads(self.dissemination.packets(x), [w.col_weight.reshape(-1) for w in coded])
 
 
-class NaiveWorkerSide(CodedWorkerBase):
-    """Worker j: computes with the coded weights the server sends along with each command."""
+class StatelessWorkerSide(CommandWorkerBase):
+    """Worker j of `sazd-naive`: holds no weights; computes with the coded ones the server sends with each command."""
 
-    workers_update = False  # as the server's: this worker takes only the passes whose result rank 0 decodes
+    distributed_encoding_and_updating = False  # as the server's: this worker takes only the passes rank 0 decodes
 
     def __init__(self, settings: Settings, link: Any) -> None:
         super().__init__(settings, link)

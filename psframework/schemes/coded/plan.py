@@ -57,11 +57,12 @@ def sample_shape(conv: CodedConv, phase: Phase) -> Shape:
     return conv.input_shape if phase == Phase.FORWARD else conv.output_shape
 
 
-def command_plan(model: nn.Module, placement: Placement, workers_update: bool, name: str = "model") -> CommandPlan:
+def command_plan(model: nn.Module, placement: Placement, distributed_encoding_and_updating: bool,
+                 name: str = "model") -> CommandPlan:
     """Return the plan of a model's coded passes.
 
-    With `workers_update` (DEU) the workers take every pass: they update their coded weights in each
-    backward. Otherwise (the naive scheme) they take the passes whose result rank 0 decodes.
+    With `distributed_encoding_and_updating` the workers take every pass: they update their coded weights in
+    each backward. Otherwise (the naive scheme) they take the passes whose result rank 0 decodes.
     """
     forward = [Command(Phase.FORWARD, c.index) for c in placement.coded]
     backward = [Command(Phase.BACKWARD, index) for index in backward_order(model, placement, name)]
@@ -69,7 +70,7 @@ def command_plan(model: nn.Module, placement: Placement, workers_update: bool, n
     shapes = {c: sample_shape(placement.coded[c.layer], c.phase) for c in passes}
     plan = CommandPlan(placement.coded_names, passes, passes, tuple(c.needs_input_grad for c in placement.coded),
                        shapes)
-    if workers_update:
+    if distributed_encoding_and_updating:
         return plan
     return CommandPlan(plan.names, passes, tuple(filter(plan.wants_reply, passes)), plan.input_grads, shapes)
 

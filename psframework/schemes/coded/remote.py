@@ -1,6 +1,6 @@
 """Remote convolutions: rank 0 runs its model with each coded Conv2d computed elsewhere, through a session.
 
-The session is rank 0's round with the workers in training (core.py) or a local tracer that records
+The session is rank 0's rounds with the workers in training (core.py) or a local tracer that records
 the order of the backward passes (plan.py); autograd keeps the model's own structure either way.
 """
 

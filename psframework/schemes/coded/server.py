@@ -1,4 +1,4 @@
-"""The server side of coded model-parallel training over MPI: `sazd` (DEU), `poly` and `uncoded`.
+"""The server side of coded model-parallel training over MPI: `sazd`, `poly` and `uncoded`.
 
 Rank 0 decodes every conv layer's output from the first k replies, applies BatchNorm/ReLU/pooling,
 runs the FC head and decodes input gradients; ranks 1..n (worker.py) hold packet j of each conv
@@ -20,7 +20,7 @@ from psframework.comm.envelope import Phase
 from psframework.comm.rounds import Msg
 from psframework.models import Placement
 from psframework.runtime.stragglers import Stragglers
-from psframework.schemes.coded.core import CodedServer
+from psframework.schemes.coded.core import DecodingServer
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.exchange import MpiExchange, Payloads
 from psframework.schemes.coded.layers import code_of, layer_codings
@@ -34,10 +34,12 @@ from psframework.schemes.vectors import pack, unpack
 from psframework.settings import Settings
 
 
-class CodedServerBase(ServerSide):
-    """Rank 0 of a coded scheme: one round per conv layer and pass, decoded from the first k replies."""
+class CommandServerBase(ServerSide):
+    """Rank 0 of a coded scheme: sends the command plan, one round per conv layer and pass, and decodes each
+    from the first k replies."""
 
-    workers_update = True  # the workers hold the coded weights and update them in every backward pass (DEU)
+    # The workers hold the coded weights and update them in every backward pass.
+    distributed_encoding_and_updating = True
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
@@ -45,7 +47,8 @@ class CodedServerBase(ServerSide):
         self.n, self.k = self.code.n, self.code.k
         self.placement = placement_of(settings, self.model)
         self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        self.plan = command_plan(self.model, self.placement, self.workers_update, settings.model.name)
+        self.plan = command_plan(self.model, self.placement, self.distributed_encoding_and_updating,
+                                 settings.model.name)
         self.conv_modules = [dict(self.model.named_modules())[n] for n in self.placement.coded_names]
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
@@ -53,9 +56,9 @@ class CodedServerBase(ServerSide):
             link.rotate_subsets(self.k)
         link.require(self.k)
         self.optimizers = self.server_optimizers() + self.conv_optimizers()
-        self.exchange = MpiExchange(link, self.k, self.payloads, self.workers_update)
-        self.core = CodedServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
-                                self.group, settings.optim.precision, self.scaler)
+        self.exchange = MpiExchange(link, self.k, self.payloads, self.distributed_encoding_and_updating)
+        self.core = DecodingServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
+                                   self.group, settings.optim.precision, self.scaler)
 
     def server_optimizers(self) -> List[torch.optim.Optimizer]:
         """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""
@@ -87,8 +90,8 @@ class CodedServerBase(ServerSide):
                                           "straggler_delays": delays})
 
 
-class CodedServerSide(CodedServerBase):
-    """Rank 0 of `sazd`, `poly` and `uncoded` (DEU): the workers hold and update the coded weights."""
+class DecodingServerSide(CommandServerBase):
+    """Rank 0 of `sazd`, `poly` and `uncoded`: only decodes; the workers encode and update the coded weights."""
 
     def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
         super().__init__(settings, problem, link, group)
@@ -103,7 +106,7 @@ class CodedServerSide(CodedServerBase):
         return Payloads(self.dissemination.packets(x))
 
     def start(self, schedule: Schedule) -> None:
-        """Send every worker the uncoded conv state; each encodes its own packets (DEU)."""
+        """Send every worker the uncoded conv state; each encodes its own packets."""
         self.link.send(self.conv_state(), Msg.params(schedule.start))
 
     def conv_state(self) -> torch.Tensor:

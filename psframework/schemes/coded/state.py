@@ -54,7 +54,7 @@ def encode_state(code: Code, codings: Sequence[LayerCoding], state: torch.Tensor
 
 
 def worker_state_shapes(codings: List[LayerCoding], code: Code) -> List[torch.Size]:
-    """Return the shapes of a worker's `CodedWorker.state()` tensors (each tensor, then its momentum)."""
+    """Return the shapes of a worker's `EncodingWorker.state()` tensors (each tensor, then its momentum)."""
     shapes = []
     for c in codings:
         row = torch.Size(c.row_shape(code))
@@ -66,7 +66,7 @@ def worker_state_shapes(codings: List[LayerCoding], code: Code) -> List[torch.Si
 
 def decode_conv_state(code: Code, codings: List[LayerCoding], states: Dict[int, List[torch.Tensor]]
                       ) -> List[Dict[str, torch.Tensor]]:
-    """Decode uncoded weights, biases and momentum buffers from k workers' `CodedWorker.state()`.
+    """Decode uncoded weights, biases and momentum buffers from k workers' `EncodingWorker.state()`.
 
     Each layer gives {"weight", "weight_momentum", "bias", "bias_momentum", "col_weight"}; the bias
     entries are None for a layer without bias, "col_weight" for a layer without a column copy.

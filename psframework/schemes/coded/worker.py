@@ -1,4 +1,4 @@
-"""The worker side of coded model-parallel training over MPI: `sazd` (DEU), `poly` and `uncoded`.
+"""The worker side of coded model-parallel training over MPI: `sazd`, `poly` and `uncoded`.
 
 Worker j holds packet j of each conv layer's row- and column-coded weights and updates them itself
 (distributed encoding and updating). It follows the driver's plan and the command plan (plan.py), as
@@ -19,7 +19,7 @@ from psframework.comm.envelope import Envelope, Kind, Phase
 from psframework.comm.rounds import Msg
 from psframework.comm.timeline import TIMELINE
 from psframework.runtime.stragglers import Stragglers
-from psframework.schemes.coded.core import CodedWorker, SummingCodedWorker
+from psframework.schemes.coded.core import EncodingWorker, SummingEncodingWorker
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.layers import code_of, layer_codings
 from psframework.schemes.coded.plan import Command, command_plan
@@ -35,10 +35,11 @@ def command_envelope(iteration: int, command: Command) -> Envelope:
     return Msg.command(iteration, command.layer, command.phase)
 
 
-class CodedWorkerBase(WorkerSide):
+class CommandWorkerBase(WorkerSide):
     """Worker j of a coded scheme: answers the plan's commands, layer by layer and pass by pass."""
 
-    workers_update = True  # as the server's: this worker updates its coded weights in every backward pass
+    # As the server's: this worker updates its coded weights in every backward pass.
+    distributed_encoding_and_updating = True
 
     def __init__(self, settings: Settings, link: Any) -> None:
         super().__init__(settings, link)
@@ -47,7 +48,7 @@ class CodedWorkerBase(WorkerSide):
         model = meta_model(settings)
         self.placement = placement_of(settings, model)
         self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        self.plan = command_plan(model, self.placement, self.workers_update, settings.model.name)
+        self.plan = command_plan(model, self.placement, self.distributed_encoding_and_updating, settings.model.name)
         self.batch = part_size(settings.data.batch_size, link.roles.group, link.roles.groups)
         self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
@@ -154,8 +155,8 @@ class CodedWorkerBase(WorkerSide):
         """Do what a command asks after its reply has left: nothing by default (DEU workers update here)."""
 
 
-class CodedWorkerSide(CodedWorkerBase):
-    """Worker j of `sazd`, `poly` and `uncoded` (DEU): holds and updates its coded weights.
+class EncodingWorkerSide(CommandWorkerBase):
+    """Worker j of `sazd`, `poly` and `uncoded`: encodes its packets of the conv state and updates them.
 
     With loss scaling rank 0 decides after each optimizer step whether it is taken (Msg.scale); the
     worker takes the decisions at the next iteration's start (before any update of that step is
@@ -188,9 +189,9 @@ class CodedWorkerSide(CodedWorkerBase):
         self.take_decisions()
         super().step(step, after)
 
-    def new_worker(self, state: torch.Tensor) -> CodedWorker:
+    def new_worker(self, state: torch.Tensor) -> EncodingWorker:
         """Return the algorithm of this worker, holding its packets of an uncoded conv state."""
-        return CodedWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim)
+        return EncodingWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim)
 
     def close(self) -> None:
         """Apply the updates still queued (or, with several groups, whose sums are in flight: no collective
@@ -232,13 +233,13 @@ class CodedWorkerSide(CodedWorkerBase):
             return self.worker.work(layer)
 
 
-class GroupCodedWorkerSide(CodedWorkerSide):
+class GroupEncodingWorkerSide(EncodingWorkerSide):
     """Worker j of one of several groups (`sazd`, `poly`, `uncoded` with several servers): sums its coded
     gradients with the workers of packet j in the other groups."""
 
-    def new_worker(self, state: torch.Tensor) -> CodedWorker:
-        return SummingCodedWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim,
-                                             reduce=self.packet_sum)
+    def new_worker(self, state: torch.Tensor) -> EncodingWorker:
+        return SummingEncodingWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim,
+                                                reduce=self.packet_sum)
 
     def packet_sum(self, grads: torch.Tensor) -> Any:
         """Start summing a coded gradient with the workers of this packet in the other groups."""
