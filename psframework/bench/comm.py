@@ -228,7 +228,7 @@ def _round(t: Any, mode: str, workers: List[int], buffers: Dict[int, Any], paylo
             for w in workers:
                 t.recv(w, rep, out=buffers[w])
         elapsed = time.perf_counter() - start
-        t._sweep_sends()
+        t.outbox.sweep()
         return elapsed
     t.recv(0, cmd)
     if mode == "raw":
