@@ -210,8 +210,9 @@ def test_a_run_with_a_worker_frozen_most_of_the_time_matches_the_reference(tmp_p
     assert any(e["rank"] == frozen for e in summary["membership"]), output
     # poly has no systematic packets: every round decodes through a Vandermonde inverse (condition
     # number up to 6.8 at n = 4, k = 3) from whichever three replies come first, so its rounding differs
-    # from the reference's every round and grows over the run (5.5e-4 seen on a loaded machine).
-    rel = 1e-3 if scheme == "poly" else 1e-4
+    # from the reference's every round and grows over the run (5.5e-4 seen on a loaded machine, 3.4e-3 in a
+    # full run: which three come first is up to timing).
+    rel = 1e-2 if scheme == "poly" else 1e-4
     assert_same_model(job.run_dir, reference, rel=rel)
     assert max(abs(a - b) for a, b in zip(losses(job.run_dir), losses(reference))) < rel
 
