@@ -215,9 +215,9 @@ def resnet18_reference(tmp_path_factory, ten_classes):
 @needs_torchvision
 @pytest.mark.mpi
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("scheme", [*CODED, *PARALLEL])
+@pytest.mark.parametrize("scheme", ["reference", *CODED, *PARALLEL])
 def test_torchvisions_resnet18_trains_on_an_image_folder_under_every_scheme(tmp_path, ten_classes, scheme):
-    ranks, overrides = {**CODED, **PARALLEL}[scheme]
+    ranks, overrides = {"reference": (1, ["scheme=reference"]), **CODED, **PARALLEL}[scheme]
     run_dir = run(tmp_path, CONFIG, ranks, [*resnet18_run(ten_classes, 2), *overrides])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 2 and summary["model"] == TORCHVISION
