@@ -276,9 +276,14 @@ def _incast(report: Report) -> List[str]:
             "emulation lets every worker's reply cross a link of its own)."] if parts else []
 
 
+def slowed_link_cases(report: Report) -> List[Mapping[str, Any]]:
+    """Return the cases whose worker's link was slowed half-way through the run."""
+    return [c for c in report["cases"] if c["straggler"] == SLOW_LINK]
+
+
 def _slow_link(report: Report) -> List[str]:
     """Return the cases whose worker's link was slowed half-way: each one's slowdown."""
-    cases = [c for c in report["cases"] if c["straggler"] == SLOW_LINK]
+    cases = slowed_link_cases(report)
     if not cases:
         return []
     slow = report["inputs"]["slow_link"]
@@ -289,7 +294,7 @@ def _slow_link(report: Report) -> List[str]:
 
 def readme_slow_link(report: Report, source: str) -> List[str]:
     """Return the README's example: each scheme's time after one worker's real link slowed, over before."""
-    cases = [c for c in report["cases"] if c["straggler"] == SLOW_LINK]
+    cases = slowed_link_cases(report)
     if not cases:
         raise OverviewError(f"{source}: no case with a slowed link, expected the README's example")
     inputs = report["inputs"]
