@@ -16,7 +16,7 @@ from psframework.codes.zigzag import COPY
 from psframework.comm import Envelope, Kind, Transport
 from psframework.comm.rounds import cpu_per_iteration
 from psframework.comm.server_link import MPIServerLink
-from psframework.schemes.coded.dissemination import Dissemination
+from psframework.schemes.coded.dissemination import RelayDissemination
 from psframework.settings import CodeSettings
 
 CODES = [(4, 3, True), (4, 3, False), (8, 6, True), (8, 6, False), (5, 2, True), (6, 3, False)]
@@ -54,7 +54,7 @@ def test_wide_symbols_keep_the_extra_bytes_small_and_the_symbols_few(n, k, syste
 
 @pytest.mark.parametrize("n,k,systematic", CODES)
 def test_relay_restores_every_bit_from_every_k_subset(n, k, systematic):
-    relay = Dissemination("relay", CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
+    relay = RelayDissemination(CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
     x = torch.randn(5, 7, 3, 11)
     x.view(-1)[:4] = torch.tensor([float("nan"), -0.0, float("inf"), 1e-45])  # payloads a float copy could lose
     x.view(torch.int32).view(-1)[4] = 0x7FC00123  # a NaN with a payload
@@ -67,7 +67,7 @@ def test_relay_restores_every_bit_from_every_k_subset(n, k, systematic):
 
 @pytest.mark.parametrize("n,k,systematic", CODES)
 def test_relay_decoding_costs_the_same_calls_whatever_the_tensor_size(n, k, systematic):
-    relay = Dissemination("relay", CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
+    relay = RelayDissemination(CodeSettings(kind="shift-add", n=n, k=k, systematic=systematic))
     calls = []
     for numel in (3 * 10 ** 4, 3 * 10 ** 6):  # a hundred times the elements, as many symbols
         layout = relay.layout(numel)

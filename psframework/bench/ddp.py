@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ import torch.nn.functional as F
 
 from psframework import environment
 from psframework.fileio import atomic_write_json
+
+if TYPE_CHECKING:
+    from psframework.runtime.emulate import LinkEmulator
 
 DDP_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 MASTER_ADDR = "MASTER_ADDR"  # rank 0's address for the rendezvous, where its host name does not resolve
@@ -39,13 +42,13 @@ def ring_bytes(nbytes: int, world: int) -> int:
     return 0 if world < 2 else 2 * (world - 1) * nbytes // world
 
 
-def emulated_allreduce(link: Any, world: int) -> Any:
+def emulated_allreduce(emulator: "LinkEmulator", world: int) -> Any:
     """Return a DDP communication hook: average a bucket, and finish no earlier than the emulated link allows."""
     from psframework.runtime.emulate import sleep_until
 
     def hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
         tensor = bucket.buffer().div_(world)
-        due = link(-1, None, ring_bytes(tensor.numel() * tensor.element_size(), world))
+        due = emulator(-1, None, ring_bytes(tensor.numel() * tensor.element_size(), world))
         work = dist.all_reduce(tensor, async_op=True).get_future()
 
         def finish(done: torch.futures.Future) -> torch.Tensor:
@@ -86,9 +89,9 @@ def train(settings: Any, comm: Any, run_dir: str) -> Optional[Dict[str, Any]]:
     dist.init_process_group(DDP_BACKENDS[device], init_method=rendezvous(comm), rank=rank, world_size=world)
     dataset, model = build_problem(settings)
     ddp = DistributedDataParallel(model)
-    link = link_emulator(settings.transport.bandwidth_gbps, settings.transport.latency_us)
-    if link is not None:
-        ddp.register_comm_hook(None, emulated_allreduce(link, world))
+    emulator = link_emulator(settings.transport.bandwidth_gbps, settings.transport.latency_us)
+    if emulator is not None:
+        ddp.register_comm_hook(None, emulated_allreduce(emulator, world))
     o = settings.optim
     optimizer = make_optimizer(list(ddp.parameters()), "sgd", o.lr, o.momentum, o.nesterov, o.weight_decay)
     schedule = make_schedule(settings, len(dataset.train))
@@ -108,7 +111,7 @@ def train(settings: Any, comm: Any, run_dir: str) -> Optional[Dict[str, Any]]:
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
-    summary = summarize(rows, comm, settings, model, link)
+    summary = summarize(rows, comm, settings, model, emulator)
     # A process that frees DDP or its process group while a peer has already gone (or is stopped) can
     # wait in the teardown for ever, and rank 0 hosts the rendezvous store that the others still use:
     # the processes meet before the teardown and after it.
@@ -120,7 +123,7 @@ def train(settings: Any, comm: Any, run_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def summarize(rows: Sequence[Dict[str, Any]], comm: Any, settings: Any, model: torch.nn.Module,
-              link: Any) -> Optional[Dict[str, Any]]:
+              emulator: Optional["LinkEmulator"]) -> Optional[Dict[str, Any]]:
     """Return the run's summary on rank 0: iteration time, processor time of every process, bytes per process."""
     steady = list(rows[1:]) or list(rows)  # the first iteration is warm-up
     cpu = [sum(r["cpu_s"] for r in steady) / len(steady)]
@@ -135,9 +138,9 @@ def summarize(rows: Sequence[Dict[str, Any]], comm: Any, settings: Any, model: t
             "cpu_s_per_iteration": {"server": 0.0, "workers": sum(cpus), "total": sum(cpus)},
             "server_bytes_sent_per_iteration": per_process, "server_bytes_received_per_iteration": per_process,
             "final_loss": rows[-1]["loss"], "membership": [],
-            "emulation": None if link is None else {"bandwidth_gbps": link.bandwidth_gbps,
-                                                    "latency_us": link.latency_us,
-                                                    "server_send_delay_s": link.delayed_s}}
+            "emulation": None if emulator is None else {"bandwidth_gbps": emulator.bandwidth_gbps,
+                                                        "latency_us": emulator.latency_us,
+                                                        "server_send_delay_s": emulator.delayed_s}}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

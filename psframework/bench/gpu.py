@@ -105,10 +105,10 @@ def compare(name: str, run: Dict[str, Any], reference: Dict[str, Any], seconds: 
 
 def check_relay(device: str) -> Dict[str, Any]:
     """Relay dissemination of a float tensor on the device: every k-subset restores it bit-exactly."""
-    from psframework.schemes.coded.dissemination import Dissemination
+    from psframework.schemes.coded.dissemination import RelayDissemination
     from psframework.settings import CodeSettings
 
-    dissemination = Dissemination("relay", CodeSettings(kind="shift-add", n=4, k=3))
+    dissemination = RelayDissemination(CodeSettings(kind="shift-add", n=4, k=3))
     x = torch.randn(32, 6, 14, 14, generator=torch.Generator().manual_seed(1)).to(device)
     packets = dissemination.packets(x)
     bad = [subset for subset in itertools.combinations(range(4), 3)

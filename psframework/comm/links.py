@@ -8,9 +8,14 @@ topology.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from .envelope import Envelope
+
+if TYPE_CHECKING:  # the Protocols are read without MPI
+    from .relay import RelayedPackets
+    from .roles import Roles
+    from .rounds import WorkerReport
 
 
 class ServerLink(Protocol):
@@ -76,12 +81,12 @@ class ServerLink(Protocol):
 
 
 class WorkerLink(Protocol):
-    """A worker's link to its server: take its messages, reply, report, rejoin, stop."""
+    """A worker's link to its server: take its messages, reply, report, relay, rejoin, stop."""
 
-    report: Any  # this worker's counts and times, sent to the server when the run stops
-    roles: Any
-    progress_thread: Any
-    snapshot: Optional[Callable[[], Any]]  # the scheme's state, for a readmission elsewhere
+    report: WorkerReport  # this worker's counts and times, sent to the server when the run stops
+    roles: Roles
+    across: Any  # with several groups: the workers of this packet index in every group (Peers)
+    all_workers: Any  # with several groups: every worker of every group (Peers)
 
     @property
     def index(self) -> int:
@@ -101,6 +106,12 @@ class WorkerLink(Protocol):
 
     def busy(self) -> ContextManager[None]:
         """Return a block to compute in (a progress thread, if any, moves messages meanwhile)."""
+
+    def use_progress_thread(self, thread: Any) -> None:
+        """Let `thread` (None: none) move messages while this worker computes (see `busy`)."""
+
+    def serve_snapshots(self, state: Callable[[], Any]) -> None:
+        """Answer the server's snapshot requests with `state()` (this worker's state, for a readmission)."""
 
     def announced(self) -> Any:
         """Return what the server announced at the start."""
@@ -125,6 +136,18 @@ class WorkerLink(Protocol):
 
     def progress(self) -> None:
         """Move whatever messages can move now."""
+
+    def let_sends_go(self, envelope: Envelope) -> None:
+        """Poll until no message of this worker waits on its emulated link (or the server's `envelope` is in)."""
+
+    def relay_on_arrival(self, relayed: Callable[[Envelope], bool], first: Optional[int]) -> None:
+        """Send the server messages `relayed` accepts on to `first` peers as soon as they arrive (None: every peer)."""
+
+    def relay_rest(self, envelope: Envelope) -> None:
+        """Send a relayed packet to the peers it has not gone to yet."""
+
+    def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> RelayedPackets:
+        """Relay packets among the workers until k are in, own one included."""
 
     def rejoin(self, detached_at: int, total: int) -> Optional[Tuple[int, Any]]:
         """Ask to rejoin after a detach; return (iteration, state) to go on from, or None to stop."""

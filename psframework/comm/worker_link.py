@@ -1,22 +1,23 @@
 """A worker's side of the rounds over MPI: its server's messages taken off the wire as they come, replies, the report.
 
 A worker takes every server message as it arrives (the transport's mailbox), replies, relays
-packets to its peers where the scheme says so, rejoins when it was detached and reports its
-statistics when the run stops. A worker of several parameter shards' servers has one such link per
+packets to its peers where it was given a relay (comm/relay.py), rejoins when it was detached and
+reports its statistics when the run stops. A worker of several parameter shards' servers has one such link per
 server (ShardedWorkerLink). Nothing here knows models, codes or the config.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .envelope import Envelope
 from .errors import WatchdogTimeout
+from .relay import PacketRelay, RelayedPackets
+from .roles import Roles
 from .rounds import Detached, Msg, StopEarly, WorkerReport
 
 
@@ -27,12 +28,12 @@ class MPIWorkerLink:
     the iterations before the request) and notices that it was detached (raising Detached).
     """
 
-    def __init__(self, transport: Any, roles: Any, peers: Any = None, server: int = 0,
-                 patience: float = 2.0, progress_thread: Any = None, across: Any = None,
-                 all_workers: Any = None) -> None:
+    def __init__(self, transport: Any, roles: Roles, peers: Any = None, server: int = 0,
+                 patience: float = 2.0, across: Any = None, all_workers: Any = None) -> None:
         self.transport = transport
         self.roles = roles
-        self.peers = peers  # the worker-to-worker transport, where the scheme has one
+        # The relay of server packets to the other workers, over `peers` (the workers' own transport), if any.
+        self.relay = None if peers is None else PacketRelay(peers)
         self.across = across  # with several groups: the workers of this packet index in every group (Peers)
         self.all_workers = all_workers  # with several groups: every worker of every group (Peers)
         self.server = server
@@ -46,15 +47,15 @@ class MPIWorkerLink:
         timeout = transport.resolve_timeout()
         self.timeout_s = None if timeout is None else patience * timeout
         self.snapshot: Optional[Callable[[], Any]] = None  # the scheme's state, for a readmission elsewhere
-        self.progress_thread = progress_thread  # drives the MPI while this worker computes, if any
-        # Which server messages this worker relays to its peers (the scheme's choice; None: none). Each is
-        # sent on to `relay_first` peers as soon as a poll sees it, so that the peers never wait for this
-        # worker's computing, and to the others by `relay_rest` (after this worker's reply, say).
-        self.relayed: Optional[Callable[[Envelope], bool]] = None
-        self.relay_first: Optional[int] = None  # None: every peer at once
-        self._forwarded: Dict[Tuple[int, int, int], List[Any]] = {}  # (iteration, layer, phase) -> sends
-        self._unsent: Dict[Tuple[int, int, int], Tuple[Any, List[int]]] = {}  # -> (packet, peers still to send)
-        self._started: Dict[int, float] = {}  # when this worker began its recent iterations (time.monotonic)
+        self.progress_thread: Any = None  # drives the MPI while this worker computes, if any
+
+    def use_progress_thread(self, thread: Any) -> None:
+        """Let `thread` (None: none) move messages while this worker computes (see `busy`)."""
+        self.progress_thread = thread
+
+    def serve_snapshots(self, state: Callable[[], Any]) -> None:
+        """Answer the server's snapshot requests with `state()` (this worker's state, for a readmission)."""
+        self.snapshot = state
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -95,7 +96,7 @@ class MPIWorkerLink:
     def has(self, envelope: Envelope) -> bool:
         """Return whether a server message has arrived."""
         arrived = self.inbox.has(envelope)
-        self.relay_arrivals()
+        self.forward_arrivals()
         return arrived
 
     def let_sends_go(self, envelope: Envelope) -> None:
@@ -104,44 +105,44 @@ class MPIWorkerLink:
         A message held back leaves only at a poll: a worker about to compute for a while lets its
         reply go first."""
         def holding() -> bool:
-            return self.transport.outbox.holding() or (self.peers is not None and self.peers.outbox.holding())
+            return self.transport.outbox.holding() or (self.relay is not None and self.relay.holding())
 
         def done() -> bool:
-            if self.peers is not None:
-                self.peers.progress()
+            if self.relay is not None:
+                self.relay.progress()
             return self.has(envelope) or not holding()
 
         if holding():  # every held message is due within its link's transfer time: no watchdog needed
             self.transport.wait_until(done, None)
 
-    def relay_arrivals(self) -> None:
-        """Send the first peers every relayed server message that has arrived and has not been sent on yet."""
-        if self.relayed is None:
-            return
-        for header, data in list(self.inbox.kept.values()):
-            got = header.envelope
-            key = (got.iteration, got.layer, got.phase)
-            if key not in self._forwarded and self.relayed(got):
-                self._forwarded[key] = self._relay(key, data)
+    def forward_arrivals(self) -> None:
+        """Send on to the peers the server messages that have arrived and are to be relayed."""
+        if self.relay is not None:
+            self.relay.forward((header.envelope, data) for header, data in list(self.inbox.kept.values()))
 
-    def _relay(self, key: Tuple[int, int, int], packet: Any) -> List[Any]:
-        """Send a packet to the first `relay_first` peers in relay order; keep the others for relay_rest."""
-        from .relay import relay_order, send_packet
-
-        order = relay_order(self.peers.rank, self.peers.size)
-        first = len(order) if self.relay_first is None else self.relay_first
-        if order[first:]:
-            self._unsent[key] = (packet, order[first:])
-        return send_packet(self.peers, packet, Msg.packet(*key), order[:first])
+    def relay_on_arrival(self, relayed: Callable[[Envelope], bool], first: Optional[int]) -> None:
+        """Relay the server messages `relayed` accepts to `first` peers as soon as they arrive (see PacketRelay)."""
+        self.peer_relay().choose(relayed, first)
 
     def relay_rest(self, envelope: Envelope) -> None:
         """Send a relayed packet to the peers it has not gone to yet (they need it if a first sender is slow)."""
-        from .relay import send_packet
+        self.peer_relay().send_rest(envelope)
 
-        unsent = self._unsent.pop((envelope.iteration, envelope.layer, envelope.phase), None)
-        if unsent is not None:
-            send_packet(self.peers, unsent[0], Msg.packet(envelope.iteration, envelope.layer, envelope.phase),
-                        unsent[1])
+    def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> RelayedPackets:
+        """Relay packets among the workers until k are in (see PacketRelay.gather); the watchdog names silent
+        peers by their ranks in the job."""
+        iteration = envelope.iteration
+        # The waits of the peers' transport do not serve the server's transport: move it on here (its
+        # inbox, and a reply of this worker's waiting on its emulated link).
+        return self.peer_relay().gather(packet, envelope, k, stopped_after, self.timeout_s,
+                                        lambda: (self.transport.progress(), self.serve(iteration)))
+
+    def peer_relay(self) -> PacketRelay:
+        """Return this worker's relay; raise if the run gave it none."""
+        if self.relay is None:
+            raise RuntimeError(f"worker rank {self.rank} was asked to relay packets, but its run has no "
+                               "transport among the workers")
+        return self.relay
 
     def first_of(self, envelopes: Sequence[Envelope]) -> int:
         """Wait until one of the messages has arrived; return its position (not taking it).
@@ -162,10 +163,10 @@ class MPIWorkerLink:
     def serve(self, iteration: int) -> None:
         """Raise Detached if the server left this worker out, StopEarly if the run stopped before `iteration`;
         answer snapshot requests up to `iteration`; move the packets relayed to peers on meanwhile."""
-        if self.peers is not None:
+        if self.relay is not None:
             # A peer that rejoined may wait for packets this worker keeps back for it (flow control).
-            self.peers.progress()
-            self.relay_arrivals()
+            self.relay.progress()
+            self.forward_arrivals()
         detached = self.inbox.iterations(Msg.detach(0))
         if detached:
             raise Detached(detached[0])
@@ -182,16 +183,13 @@ class MPIWorkerLink:
         """Drop the stale backlog, ask to rejoin; return (iteration, state) to go on from, or None to stop."""
         ends = (Msg.stop(0).tag, Msg.stop_early(0).tag)  # a preempted run ends at another iteration
         self.inbox.discard(lambda envelope: envelope.tag in ends)
-        if self.peers is not None:
-            for peer in range(self.peers.size):
-                self.peers.outbox.drop(peer)
-            self._forwarded.clear()
-            self._unsent.clear()
+        if self.relay is not None:
+            self.relay.forget()
         self.transport.isend(self.server, np.zeros(1), Msg.rejoin(detached_at))
 
         def answered() -> bool:
-            if self.peers is not None:
-                self.peers.progress()
+            if self.relay is not None:
+                self.relay.progress()
             return bool(self.inbox.iterations(Msg.stop(0)) or self.inbox.iterations(Msg.readmit(0)))
 
         if not self.transport.wait_until(answered, self.timeout_s):
@@ -222,55 +220,8 @@ class MPIWorkerLink:
     def progress(self) -> None:
         """Move whatever messages can move now."""
         self.transport.progress()
-        if self.peers is not None:
-            self.peers.progress()
-
-    def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> Any:
-        """Relay packets among the workers until k are in (relay dissemination); see gather_packets.
-
-        Then forget the packets kept back (flow control) that a peer can no longer need: those older
-        than the latest iteration it has sent, and, once it has sent and acknowledged nothing for
-        `stopped_after` of this worker's iterations, those older than this one (it has stopped, and the
-        server, which detaches a worker silent for half as long, readmits it at a later iteration). A
-        slow peer that still answers loses nothing. The watchdog names silent peers by their ranks in the job.
-        """
-        from .relay import gather_packets
-
-        iteration = envelope.iteration
-        self._started.setdefault(iteration, time.monotonic())
-        self._started.pop(iteration - stopped_after - 1, None)
-        # The waits of the peers' transport do not serve the server's transport: move it on here (its
-        # inbox, and a reply of this worker's waiting on its emulated link).
-        key = (iteration, envelope.layer, envelope.phase)
-        sends = self._forwarded.pop(key, None)
-        if sends is None:
-            sends = self._relay(key, packet)
-        packets = gather_packets(self.peers, packet, envelope, k, timeout_s=self.timeout_s,
-                                 interrupt=lambda: (self.transport.progress(), self.serve(iteration)), sends=sends)
-        since = self._started.get(iteration - stopped_after + 1)
-        for peer in range(self.peers.size):
-            if peer != self.peers.rank:
-                stopped = since is not None and self.peers.outbox.heard_from(peer) < since
-                self.peers.outbox.drop(peer, iteration if stopped else self.peers.mailbox(peer).newest)
-        return packets
-
-    def await_peers(self) -> None:
-        """Go on relaying until every other worker has finished too: one that lags may still need packets
-        this worker keeps back for it. A peer that the MPI reports dead counts as finished."""
-        from mpi4py import MPI
-
-        request = self.peers.comm.Ibarrier()
-
-        def finished() -> bool:
-            self.peers.progress()
-            try:
-                return bool(request.Test())
-            except MPI.Exception:
-                return True
-
-        if not self.transport.wait_until(finished, self.timeout_s):
-            raise WatchdogTimeout(self.peers.named([p for p in range(self.peers.size) if p != self.peers.rank]),
-                                  "the other workers to finish the run", self.timeout_s or 0.0)
+        if self.relay is not None:
+            self.relay.progress()
 
     def stop(self, total: int) -> int:
         """Take the stop message, send the report, close the transport; return the iteration the run stopped at.
@@ -283,9 +234,8 @@ class MPIWorkerLink:
         self.transport.send(self.server, self.report.vector(), Msg.stop(total))
         for early in self.inbox.iterations(Msg.stop_early(0)):
             self.inbox.take(Msg.stop_early(early))
-        if self.peers is not None:
-            self.await_peers()
-            self.peers.close(timeout_s=1.0)
+        if self.relay is not None:
+            self.relay.finish(self.transport.wait_until, self.timeout_s)
         self.transport.close(timeout_s=1.0)
         self.roles.free()
         return total
@@ -328,13 +278,17 @@ class ShardedWorkerLink:
         return self.links[0].job_workers
 
     @property
-    def progress_thread(self) -> Any:
-        return self.links[0].progress_thread
+    def across(self) -> Any:
+        return self.links[0].across
 
-    @progress_thread.setter
-    def progress_thread(self, thread: Any) -> None:
+    @property
+    def all_workers(self) -> Any:
+        return self.links[0].all_workers
+
+    def use_progress_thread(self, thread: Any) -> None:
+        """Let `thread` move every shard's messages while this worker computes."""
         for link in self.links:
-            link.progress_thread = thread
+            link.use_progress_thread(thread)
 
     def busy(self) -> Any:
         """Compute in the body (no MPI calls there): a progress thread, if any, keeps messages moving."""
@@ -368,14 +322,10 @@ class ShardedWorkerLink:
         """
         return [link.first_of(envelopes) for link in self.links][0]
 
-    @property
-    def snapshot(self) -> Optional[Callable[[], Any]]:
-        return self.links[0].snapshot
-
-    @snapshot.setter
-    def snapshot(self, state: Optional[Callable[[], Any]]) -> None:
+    def serve_snapshots(self, state: Callable[[], Any]) -> None:
+        """Answer every server's snapshot requests with `state()`."""
         for link in self.links:
-            link.snapshot = state
+            link.serve_snapshots(state)
 
     def split(self, vector: Any) -> List[Any]:
         """Cut a vector as the last message taken was cut; what lies beyond it goes with the lead's shard.
@@ -406,6 +356,26 @@ class ShardedWorkerLink:
         """Move whatever messages can move now."""
         for link in self.links:
             link.progress()
+
+    def let_sends_go(self, envelope: Envelope) -> None:
+        """Poll each shard's link until no message of this worker waits on its emulated link."""
+        for link in self.links:
+            link.let_sends_go(envelope)
+
+    def relay_on_arrival(self, relayed: Callable[[Envelope], bool], first: Optional[int]) -> None:
+        """Refuse: the workers of several parameter shards' servers have no transport among themselves."""
+        raise self.no_relay()
+
+    def relay_rest(self, envelope: Envelope) -> None:
+        raise self.no_relay()
+
+    def relay_packets(self, packet: Any, envelope: Envelope, k: int, stopped_after: int) -> RelayedPackets:
+        raise self.no_relay()
+
+    def no_relay(self) -> RuntimeError:
+        """Return the error of a relay asked of a worker of several parameter shards' servers."""
+        return RuntimeError(f"worker rank {self.rank} was asked to relay packets, but a worker of several "
+                            "parameter shards' servers has no transport among the workers")
 
     def rejoin(self, detached_at: int, total: int) -> Optional[Tuple[int, Any]]:
         """Refuse: a worker of several servers is never detached."""

@@ -24,7 +24,7 @@ from psframework.plan.profile import ConvLayer, Fit, Link, Profile
 from psframework.data.registry import dataset_shape
 from psframework.schemes.common import input_shape, make_optimizer, new_model, placement_of
 from psframework.schemes.coded.core import EncodingWorker
-from psframework.schemes.coded.dissemination import Dissemination
+from psframework.schemes.coded.dissemination import RelayDissemination
 from psframework.schemes.coded.layers import layer_codings
 from psframework.schemes.coded.plan import backward_order
 from psframework.schemes.coded.state import conv_state_tensors
@@ -184,7 +184,7 @@ class Calibration:
         enc, dec = [], []
         biggest = max((self.batch * _prod(c.input_shape) for c in self.placement.coded), default=1024)
         for k in (2, 3, 6):
-            relay = Dissemination("relay", CodeSettings(kind="shift-add", n=k + 1, k=k))
+            relay = RelayDissemination(CodeSettings(kind="shift-add", n=k + 1, k=k))
             for values in (biggest // 4, biggest):
                 x = torch.randn(values)
                 enc.append((values, self.time(lambda: relay.packets(x))))

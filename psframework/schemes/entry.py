@@ -9,6 +9,7 @@ from psframework.schemes.registry import get_scheme
 from psframework.settings import Settings
 
 if TYPE_CHECKING:  # the groups need torch: the command line starts without it
+    from psframework.comm.links import ServerLink
     from psframework.schemes.groups import Group
 
 
@@ -100,7 +101,7 @@ def _train(settings: Settings, comm: Any, opening: Any) -> Optional[Dict[str, An
     return None
 
 
-def _server_side(settings: Settings, server: Any, opening: Any, link: Any, group: "Group") -> Any:
+def _server_side(settings: Settings, server: Any, opening: Any, link: Optional["ServerLink"], group: "Group") -> Any:
     """Build a server's side with its problem and restore the checkpoint it resumes from (the lead's)."""
     from psframework.schemes.common import build_problem
     from psframework.schemes.driver import Problem, resume
@@ -129,7 +130,7 @@ def _run_worker(settings: Settings, side: Any, node: Any) -> None:
     from psframework.schemes.driver import run_worker
 
     progress = start_progress_thread(node.wants_progress_thread())
-    side.link.progress_thread = progress
+    side.link.use_progress_thread(progress)
     freezers: List[Any] = []  # the freeze model stalls training, not set-up: it starts once the server knows
     try:
         run_worker(settings, side, lambda: freezers.append(start_freezer(settings.stragglers, node.roles.world_rank)))

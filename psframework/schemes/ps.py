@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from psframework.comm.links import ServerLink
+from psframework.comm.links import ServerLink, WorkerLink
 from psframework.comm.rounds import Msg
 from psframework.data import shard_bounds
 from psframework.schemes.common import Step, conv_optimizer, head_optimizer, scale_lr
@@ -177,7 +177,7 @@ class PSWorker(DataParallelWorker):
     With loss scaling its gradients are those of the loss times the scale the servers send.
     """
 
-    def __init__(self, settings: Settings, link: Any) -> None:
+    def __init__(self, settings: Settings, link: WorkerLink) -> None:
         super().__init__(settings, link)
         self.scaled = settings.optim.loss_scale == "dynamic"
 

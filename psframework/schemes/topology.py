@@ -1,17 +1,19 @@
 """The topology of a run: how many servers, and what each rank's side is given to talk to the others.
 
-This is the one place that looks at `train.servers`: it starts the node, builds the links and the
-group a side gets, and the registry picks the sides' classes (`Scheme.sides`). The schemes see one
-`Group` and one link whatever the topology.
+This is the one place that looks at `train.servers` and `comm.dissemination`: it starts the node,
+builds the links, the group and the dissemination a side gets, and the registry picks the sides'
+classes (`Scheme.sides`). The schemes see one `Group` and one link whatever the topology.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from functools import partial
+from typing import Any, Callable, Optional, Union
 
 from psframework.comm.links import ServerLink, WorkerLink
 from psframework.runtime.node import RANK_LOSS, Node, start_node
+from psframework.schemes.coded.dissemination import dissemination_of
 from psframework.schemes.groups import Group, ServerGroup, SoleServer
 from psframework.schemes.registry import Scheme
 from psframework.settings import Settings
@@ -22,23 +24,27 @@ class Topology:
     """This rank's node with the classes of its side, its link and (on servers) its group."""
 
     node: Node
-    side: Any  # the class of this rank's side
-    link: Any  # ServerLink on servers, WorkerLink on workers
+    side: Callable[..., Any]  # builds this rank's side (its class, given what the topology chose)
+    link: Union[ServerLink, WorkerLink]  # ServerLink on servers, WorkerLink on workers
     group: Optional[Group] = None
 
 
 def join(settings: Settings, scheme: Scheme, comm: Any) -> Topology:
     """Start this rank's node (collective) and return what its side is built from."""
     servers = settings.run.servers
-    relay = scheme.coded and settings.transport.dissemination == "relay"
+    dissemination = dissemination_of(settings) if scheme.coded else None
     sharded = servers > 1 and scheme.shards_parameters
-    node = start_node(settings.transport, comm, peers=relay, device=settings.device, groups=servers, shards=sharded)
+    node = start_node(settings.transport, comm, peers=dissemination is not None and dissemination.peers,
+                      device=settings.device, groups=servers, shards=sharded)
     server, worker = scheme.sides(servers)
+    side = scheme.load(server if node.roles.is_server else worker)
+    if dissemination is not None:
+        side = partial(side, dissemination=dissemination)
     if node.roles.is_server:
         smoothing = settings.optim.label_smoothing
         group = ServerGroup(node.across, node.roles.group, servers, smoothing) if servers > 1 else SoleServer(smoothing)
-        return Topology(node, scheme.load(server), server_link(settings, node), group)
-    return Topology(node, scheme.load(worker), worker_link(node))
+        return Topology(node, side, server_link(settings, node), group)
+    return Topology(node, side, worker_link(node))
 
 
 def server_link(settings: Settings, node: Node) -> ServerLink:

@@ -335,7 +335,7 @@ class _Rounds:
     def forward(self, index: int, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
         self.expect(Command(Phase.FORWARD, index))
         coding = self.server.codings[index]
-        x = x.detach().float()  # a layer before may have run in bf16: the workers (and the relay) take float32
+        x = x.detach().float()  # a layer before may have run in bf16: the workers take float32
         return self.server.decode(coding, self.exchange.forward(index, x), coding.out_channels)
 
     def backward(self, index: int, dy: torch.Tensor, want_input_grad: bool) -> Optional[torch.Tensor]:

@@ -1,26 +1,26 @@
 """The coded server's exchange over MPI, and the bytes it moves per iteration.
 
-Each coded pass is one round with the group's workers: rank 0 sends each worker its payload (the
-whole tensor, its relay packet or a coded packet; the naive scheme adds coded weights) and, where
-it decodes the pass's result, takes the first k replies.
+Each coded pass is one round with the group's workers: rank 0 sends each worker its payload (what the
+dissemination delivers of the tensor, or a coded packet; the naive scheme adds coded weights) and,
+where it decodes the pass's result, takes the first k replies.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
 
 from psframework.comm.envelope import Phase
+from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
 from psframework.comm.timeline import TIMELINE
 from psframework.models import Placement
-from psframework.schemes.coded.dissemination import Dissemination
-from psframework.schemes.coded.layers import code_of, layer_codings
 from psframework.schemes.coded.plan import Command, sample_shape
+from psframework.schemes.coded.setup import CodedSetup
 from psframework.schemes.groups import part_size
 from psframework.schemes.recipe import compute_dtype
 from psframework.settings import Settings
@@ -40,11 +40,9 @@ class MpiExchange:
     (encode_s: the naive scheme's weight gradients included) along with the link's rounds.
     """
 
-    def __init__(self, link: Any, k: int, payloads: Callable[[Command, torch.Tensor], Payloads],
-                 distributed_encoding_and_updating: bool = True) -> None:
-        self.link, self.k, self.payloads = link, k, payloads
-        # whether the workers step coded weights of their own (and so need each step's loss-scaling decision)
-        self.distributed_encoding_and_updating = distributed_encoding_and_updating
+    def __init__(self, link: ServerLink, setup: CodedSetup,
+                 payloads: Callable[[Command, torch.Tensor], Payloads]) -> None:
+        self.link, self.setup, self.payloads = link, setup, payloads
         self.iteration, self.encode_s = 0, 0.0
 
     def begin(self, iteration: int) -> None:
@@ -64,7 +62,7 @@ class MpiExchange:
 
     def conclude(self, scale: float, taken: bool) -> None:
         """Send the workers that step their own weights the step's loss scale and whether it is taken."""
-        if self.distributed_encoding_and_updating:
+        if self.setup.distributed_encoding_and_updating:  # the workers step coded weights of their own
             self.link.send(torch.tensor([scale, float(taken)]), Msg.scale(self.iteration))
 
     def round(self, command: Command, x: torch.Tensor, want_reply: bool) -> Dict[int, torch.Tensor]:
@@ -81,7 +79,7 @@ class MpiExchange:
         self.link.send(payloads.commands, Msg.command(it, layer, phase))
         if payloads.params is not None:
             self.link.send(payloads.params, Msg.params(it, layer, phase=phase))
-        return {} if gather is None else self.link.collect(gather, self.k).data
+        return {} if gather is None else self.link.collect(gather, self.setup.k).data
 
 
 def expected_server_bytes(settings: Settings, model: nn.Module, placement: Placement,
@@ -89,18 +87,17 @@ def expected_server_bytes(settings: Settings, model: nn.Module, placement: Place
     """Return the payload bytes a group's server sends to and receives from its workers per iteration of sazd,
     poly or uncoded: (sent, received). With several groups a server handles its part of the batch.
 
-    Per coded convolution: the input to every worker (a whole tensor, or with relay one packet of its
-    bits) and every worker's row-coded output; backward, the output gradient to every worker (a layer
-    without a column copy: worker j's own packet of it) and every worker's column-coded input gradient. Every reply
-    is counted, also those that come after the first k (they are received, then dropped). Replies are
+    Per coded convolution: the input to every worker (what the dissemination delivers of it) and every
+    worker's row-coded output; backward, the output gradient to every worker (a layer without a column
+    copy: worker j's own packet of it) and every worker's column-coded input gradient. Every reply is
+    counted, also those that come after the first k (they are received, then dropped). Replies are
     computed and sent in `train.precision` (2 bytes a value in bf16 and fp16); the rest in float32.
     """
-    code = code_of(settings.code)
+    setup = CodedSetup.of(settings, model)
+    code, dissemination = setup.code, setup.dissemination
     n, batch = code.n, part_size(settings.data.batch_size, group, settings.run.servers)
-    codings = layer_codings(placement, code.k, settings.code.symbol_size)
-    dissemination = Dissemination(settings.transport.dissemination, settings.code)
     sent = received = 0
-    for c, conv in zip(codings, placement.coded):
+    for c, conv in zip(setup.codings, setup.placement.coded):
         x, y = sample_shape(conv, Phase.FORWARD), sample_shape(conv, Phase.BACKWARD)
         rows = batch * c.packet_channels(code, c.out_channels) * y[1] * y[2]
         sent += n * dissemination.delivered(batch * math.prod(x))

@@ -9,14 +9,16 @@ involves them not at all.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
 
 from psframework.comm.envelope import Phase
+from psframework.comm.links import WorkerLink
 from psframework.comm.rounds import Msg
 from psframework.models import Placement
+from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.exchange import Payloads
 from psframework.schemes.coded.layers import (CodedWeights, coded_forward, coded_input_grad, encode_layer,
                                               uncoded_weight_grads)
@@ -46,22 +48,22 @@ class EncodingServerSide(CommandServerBase):
         The time spent here counts as encode_s in the metrics: weight gradients included.
         """
         layer = command.layer
-        coding, conv = self.codings[layer], self.conv_modules[layer]
+        coding, conv = self.setup.codings[layer], self.conv_modules[layer]
         if command.phase == Phase.FORWARD:
             self.inputs[layer] = x
         else:
             grads = uncoded_weight_grads(coding, self.inputs.pop(layer), x, conv.weight.shape)
             for p, g in zip(conv.parameters(), grads):  # accumulated over an optimizer step's micro-batches
                 p.grad = g if p.grad is None else p.grad + g
-        if not self.plan.sends(command):
+        if not self.setup.plan.sends(command):
             return Payloads(None)  # a layer that needs no input gradient needs nothing from the workers
         with torch.no_grad():
             bias = None if conv.bias is None else conv.bias.detach()
-            coded = encode_layer(coding, self.code, conv.weight.detach(), bias)
+            coded = encode_layer(coding, self.setup.code, conv.weight.detach(), bias)
         if command.phase == Phase.FORWARD:
             rows = [[t for t in (w.row_weight, w.row_bias) if t is not None] for w in coded]
-            return Payloads(self.dissemination.packets(x), [pack(r) for r in rows])
-        return Payloads(self.dissemination.packets(x), [w.col_weight.reshape(-1) for w in coded])
+            return Payloads(self.setup.dissemination.packets(x), [pack(r) for r in rows])
+        return Payloads(self.setup.dissemination.packets(x), [w.col_weight.reshape(-1) for w in coded])
 
 
 class StatelessWorkerSide(CommandWorkerBase):
@@ -69,8 +71,8 @@ class StatelessWorkerSide(CommandWorkerBase):
 
     distributed_encoding_and_updating = False  # as the server's: this worker takes only the passes rank 0 decodes
 
-    def __init__(self, settings: Settings, link: Any) -> None:
-        super().__init__(settings, link)
+    def __init__(self, settings: Settings, link: WorkerLink, dissemination: Optional[Dissemination] = None) -> None:
+        super().__init__(settings, link, dissemination)
         self.dtype = compute_dtype(settings.optim.precision)  # the replies' precision
 
     def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
@@ -78,14 +80,14 @@ class StatelessWorkerSide(CommandWorkerBase):
         flat = self.link.take(Msg.params(iteration, layer, phase=command.phase))  # always taken, even when skipped
         if not reply:
             return None
-        coding = self.codings[layer]
+        coding = self.setup.codings[layer]
         if command.phase == Phase.FORWARD:
-            row = torch.Size(coding.row_shape(self.code))
+            row = torch.Size(coding.row_shape(self.setup.code))
             parts = unpack(flat, [row, row[:1]] if coding.has_bias else [row])
             weights = CodedWeights(parts[0], parts[1] if coding.has_bias else None, None)
             return coded_forward(coding, x, weights, self.dtype)
-        weight = flat.reshape(coding.col_shape(self.code))
-        input_shape = self.plan.shape(Command(Phase.FORWARD, layer), self.batch)
+        weight = flat.reshape(coding.col_shape(self.setup.code))
+        input_shape = self.setup.plan.shape(Command(Phase.FORWARD, layer), self.batch)
         return coded_input_grad(coding, x, CodedWeights(None, None, weight), input_shape, self.dtype)
 
 

@@ -17,17 +17,18 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from psframework.comm.envelope import Phase
+from psframework.comm.links import ServerLink
 from psframework.comm.rounds import Msg
 from psframework.models import Placement
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.coded.core import DecodingServer
 from psframework.schemes.coded.dissemination import Dissemination
 from psframework.schemes.coded.exchange import MpiExchange, Payloads
-from psframework.schemes.coded.layers import code_of, layer_codings
-from psframework.schemes.coded.plan import Command, command_plan
+from psframework.schemes.coded.plan import Command
+from psframework.schemes.coded.setup import CodedSetup
 from psframework.schemes.coded.state import (Momentum, conv_state_tensors, decode_conv_state, rel_diff,
                                              worker_state_shapes)
-from psframework.schemes.common import Step, conv_optimizer, head_optimizer, placement_of
+from psframework.schemes.common import Step, conv_optimizer, head_optimizer
 from psframework.schemes.driver import Problem, Schedule, ServerSide, StepResult
 from psframework.schemes.groups import Group, sync_bytes
 from psframework.schemes.vectors import pack, unpack
@@ -41,30 +42,26 @@ class CommandServerBase(ServerSide):
     # The workers hold the coded weights and update them in every backward pass.
     distributed_encoding_and_updating = True
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
+    def __init__(self, settings: Settings, problem: Problem, link: ServerLink, group: Optional[Group] = None,
+                 dissemination: Optional[Dissemination] = None) -> None:
         super().__init__(settings, problem, link, group)
-        self.code = code_of(settings.code)
-        self.n, self.k = self.code.n, self.code.k
-        self.placement = placement_of(settings, self.model)
-        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        self.plan = command_plan(self.model, self.placement, self.distributed_encoding_and_updating,
-                                 settings.model.name)
-        self.conv_modules = [dict(self.model.named_modules())[n] for n in self.placement.coded_names]
-        self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
+        setup = self.setup = CodedSetup.of(settings, self.model, self.distributed_encoding_and_updating, dissemination)
+        self.conv_modules = [dict(self.model.named_modules())[n] for n in setup.placement.coded_names]
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
         if settings.code.subsets == "rotate":
-            link.rotate_subsets(self.k)
-        link.require(self.k)
+            link.rotate_subsets(setup.k)
+        link.require(setup.k)
         self.optimizers = self.server_optimizers() + self.conv_optimizers()
-        self.exchange = MpiExchange(link, self.k, self.payloads, self.distributed_encoding_and_updating)
-        self.core = DecodingServer(self.model, self.code, self.codings, self.plan, self.optimizers, self.exchange,
+        self.exchange = MpiExchange(link, setup, self.payloads)
+        self.core = DecodingServer(self.model, setup.code, setup.codings, setup.plan, self.optimizers, self.exchange,
                                    self.group, settings.optim.precision, self.scaler)
 
     def server_optimizers(self) -> List[torch.optim.Optimizer]:
         """Return the optimizers of what always trains on rank 0: the head and the uncoded trunk layers."""
-        coded = self.placement.worker_parameter_names()
-        head = [p for key, p in self.model.named_parameters() if key in self.placement.head]
-        local = [p for key, p in self.model.named_parameters() if key not in coded and key not in self.placement.head]
+        coded = self.setup.placement.worker_parameter_names()
+        head = [p for key, p in self.model.named_parameters() if key in self.setup.placement.head]
+        head_names = self.setup.placement.head
+        local = [p for key, p in self.model.named_parameters() if key not in coded and key not in head_names]
         return ([head_optimizer(self.settings.optim, head)] if head else []) + \
             ([conv_optimizer(self.settings.optim, local, "sgd")] if local else [])
 
@@ -77,7 +74,7 @@ class CommandServerBase(ServerSide):
         """Return what each worker gets for a pass of the plan (see exchange.Payloads)."""
 
     def describe(self) -> str:
-        return f", {self.code!r}, dissemination {self.settings.transport.dissemination}"
+        return f", {self.setup.code!r}, dissemination {self.setup.dissemination.mode}"
 
     def step(self, step: Step) -> StepResult:
         self.exchange.begin(step.iteration)
@@ -93,17 +90,18 @@ class CommandServerBase(ServerSide):
 class DecodingServerSide(CommandServerBase):
     """Rank 0 of `sazd`, `poly` and `uncoded`: only decodes; the workers encode and update the coded weights."""
 
-    def __init__(self, settings: Settings, problem: Problem, link: Any = None, group: Optional[Group] = None) -> None:
-        super().__init__(settings, problem, link, group)
+    def __init__(self, settings: Settings, problem: Problem, link: ServerLink, group: Optional[Group] = None,
+                 dissemination: Optional[Dissemination] = None) -> None:
+        super().__init__(settings, problem, link, group, dissemination)
         self.momentum: Optional[Momentum] = None
         self.verify_max = 0.0
 
     def payloads(self, command: Command, x: torch.Tensor) -> Payloads:
-        coding = self.codings[command.layer]
+        coding = self.setup.codings[command.layer]
         if command.phase == Phase.BACKWARD and not coding.has_column_copy:
             # Worker j only needs SA_j(dY) to update a layer without a column copy: send just that.
-            return Payloads([p.contiguous() for p in coding.encode(self.code, x, 1)])
-        return Payloads(self.dissemination.packets(x))
+            return Payloads([p.contiguous() for p in coding.encode(self.setup.code, x, 1)])
+        return Payloads(self.setup.dissemination.packets(x))
 
     def start(self, schedule: Schedule) -> None:
         """Send every worker the uncoded conv state; each encodes its own packets."""
@@ -111,13 +109,13 @@ class DecodingServerSide(CommandServerBase):
 
     def conv_state(self) -> torch.Tensor:
         """Return the uncoded weights and momentum of the coded convolutions as one flat vector."""
-        return pack(conv_state_tensors(self.model, self.placement.coded_names, self.momentum))
+        return pack(conv_state_tensors(self.model, self.setup.placement.coded_names, self.momentum))
 
     def sync(self, iteration: int, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights (and momentum) from k workers' state into rank 0's model."""
-        verify = verify and len(self.link.live) > self.k
+        verify = verify and len(self.link.live) > self.setup.k
         states = self.link.round(torch.zeros(1), Msg.state(iteration), Msg.state_reply(iteration),
-                                 self.k + 1 if verify else self.k, rotate=False)
+                                 self.setup.k + 1 if verify else self.setup.k, rotate=False)
         return self.load_worker_states(states, verify)
 
     def readmission_state(self, index: int, iteration: int) -> Any:
@@ -128,16 +126,17 @@ class DecodingServerSide(CommandServerBase):
             raise RuntimeError(f"worker {index} rejoins at iteration {iteration}, inside an optimizer step of "
                                f"train.accumulate={accumulate} micro-batches whose gradients it does not hold; "
                                "resume from the last checkpoint")
-        states = self.link.round(torch.zeros(1), Msg.snapshot(iteration), Msg.snapshot_reply(iteration), self.k,
+        states = self.link.round(torch.zeros(1), Msg.snapshot(iteration), Msg.snapshot_reply(iteration), self.setup.k,
                                  rotate=False)
         self.load_worker_states(states, verify=False)
         return self.conv_state()
 
     def load_worker_states(self, states: Any, verify: bool) -> Dict[str, Any]:
         """Decode the conv weights and momentum from the replies into rank 0's model; verify if asked."""
-        shapes = worker_state_shapes(self.codings, self.code)
+        setup = self.setup
+        shapes = worker_state_shapes(setup.codings, setup.code)
         per_worker = {j: unpack(s, shapes) for j, s in states.data.items()}
-        layers = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), self.k)))
+        layers = decode_conv_state(setup.code, setup.codings, dict(itertools.islice(per_worker.items(), setup.k)))
         with torch.no_grad():
             for conv, layer in zip(self.conv_modules, layers):
                 conv.weight.copy_(layer["weight"])
@@ -153,7 +152,8 @@ class DecodingServerSide(CommandServerBase):
 
     def verify(self, per_worker: Dict[int, List[torch.Tensor]], layers: List[Dict[str, torch.Tensor]]) -> float:
         """Decode from a second k-subset and return the largest relative difference (row and column copies too)."""
-        again = decode_conv_state(self.code, self.codings, dict(itertools.islice(per_worker.items(), 1, self.k + 1)))
+        setup = self.setup
+        again = decode_conv_state(setup.code, setup.codings, dict(itertools.islice(per_worker.items(), 1, setup.k + 1)))
         diffs = [rel_diff(a[key], b[key]) for a, b in zip(layers, again) for key in ("weight", "bias")
                  if a[key] is not None]
         diffs += [rel_diff(a["col_weight"], a["weight"]) for a in layers if a["col_weight"] is not None]
@@ -168,7 +168,7 @@ class DecodingServerSide(CommandServerBase):
 
     def finish(self) -> Dict[str, Any]:
         verified = self.verify_max if self.settings.run.verify_every else None
-        return {"code": repr(self.code), "dissemination": self.settings.transport.dissemination,
+        return {"code": repr(self.setup.code), "dissemination": self.setup.dissemination.mode,
                 "verify_max_rel_diff": verified}
 
 

@@ -16,14 +16,15 @@ from typing import Any, List, Optional
 import torch
 
 from psframework.comm.envelope import Envelope, Kind, Phase
+from psframework.comm.links import WorkerLink
 from psframework.comm.rounds import Msg
 from psframework.comm.timeline import TIMELINE
 from psframework.runtime.stragglers import Stragglers
 from psframework.schemes.coded.core import EncodingWorker, SummingEncodingWorker
 from psframework.schemes.coded.dissemination import Dissemination
-from psframework.schemes.coded.layers import code_of, layer_codings
-from psframework.schemes.coded.plan import Command, command_plan
-from psframework.schemes.common import Step, meta_model, placement_of
+from psframework.schemes.coded.plan import Command
+from psframework.schemes.coded.setup import CodedSetup
+from psframework.schemes.common import Step, meta_model
 from psframework.schemes.driver import Event, Schedule, SYNC, STOP, WorkerSide
 from psframework.schemes.groups import part_size, start_sum
 from psframework.schemes.vectors import pack
@@ -41,20 +42,15 @@ class CommandWorkerBase(WorkerSide):
     # As the server's: this worker updates its coded weights in every backward pass.
     distributed_encoding_and_updating = True
 
-    def __init__(self, settings: Settings, link: Any) -> None:
+    def __init__(self, settings: Settings, link: WorkerLink, dissemination: Optional[Dissemination] = None) -> None:
         super().__init__(settings, link)
-        self.code = code_of(settings.code)
-        self.j, self.k = link.index, self.code.k
-        model = meta_model(settings)
-        self.placement = placement_of(settings, model)
-        self.codings = layer_codings(self.placement, self.k, settings.code.symbol_size)
-        self.plan = command_plan(model, self.placement, self.distributed_encoding_and_updating, settings.model.name)
+        self.j = link.index
+        self.setup = CodedSetup.of(settings, meta_model(settings), self.distributed_encoding_and_updating,
+                                   dissemination)
         self.batch = part_size(settings.data.batch_size, link.roles.group, link.roles.groups)
-        self.dissemination = Dissemination(settings.transport.dissemination, settings.code)
         self.stragglers = Stragglers(settings.stragglers, link.job_workers)
         self.schedule: Optional[Schedule] = None
-        if self.dissemination.relayed:
-            link.relayed, link.relay_first = self.relays, self.k - 1
+        self.setup.dissemination.attach(link, self.whole)
 
     def opening(self, event: Event) -> Envelope:
         """Return the envelope of the first server message of a plan event."""
@@ -62,13 +58,13 @@ class CommandWorkerBase(WorkerSide):
             return Msg.state(event.iteration)
         if event.kind == STOP:
             return Msg.stop(event.iteration)
-        return command_envelope(event.iteration, self.plan.commands[0])
+        return command_envelope(event.iteration, self.setup.plan.commands[0])
 
     def start(self, schedule: Schedule) -> None:
         self.schedule = schedule
 
     def step(self, step: Step, after: Event) -> None:
-        it, commands = step.iteration, self.plan.commands
+        it, commands = step.iteration, self.setup.plan.commands
         following = [command_envelope(it, c) for c in commands[1:]] + [self.opening(after)]
         for command, nxt in zip(commands, following):
             self.command(it, command, nxt)
@@ -78,7 +74,7 @@ class CommandWorkerBase(WorkerSide):
         self.link.progress()  # let peers' late packets drain and this worker's sends finish
         self.use_spare_time(iteration, command)
         x = self.receive(iteration, command)
-        want = self.plan.wants_reply(command)
+        want = self.setup.plan.wants_reply(command)
         stale = want and self.link.has(nxt)
         t0 = time.perf_counter()
         out = self.compute(iteration, command, x, reply=not stale)
@@ -91,8 +87,8 @@ class CommandWorkerBase(WorkerSide):
             self.link.reply(out.contiguous(), Msg.reply(iteration, command.layer, command.phase), wait=False)
         elif want:
             report.skipped()
-        if self.dissemination.relayed:  # the later peers' copies go after the reply, off its path
-            self.link.relay_rest(Msg.packet(iteration, command.layer, command.phase))
+        if not self.coded_packet(command):
+            self.setup.dissemination.after_reply(self.link, command_envelope(iteration, command))
         self.after_reply(iteration, command, x)
         report.add("compute_s", compute_s)
 
@@ -131,21 +127,17 @@ class CommandWorkerBase(WorkerSide):
         """Return whether the server sends this worker its own coded packet (not the whole tensor)."""
         return False
 
-    def relays(self, envelope: Envelope) -> bool:
-        """Return whether a server message is a relayed packet, to be sent on to the other workers."""
+    def whole(self, envelope: Envelope) -> bool:
+        """Return whether a server message carries a whole tensor for every worker (the dissemination's)."""
         return envelope.kind == Kind.COMMAND and not self.coded_packet(Command(Phase(envelope.phase), envelope.layer))
 
     def receive(self, iteration: int, command: Command) -> torch.Tensor:
-        """Receive a layer's input (forward) or output gradient (backward), directly or relayed."""
-        layer, phase = command.layer, command.phase
-        data = self.link.take(Msg.command(iteration, layer, phase))
-        if not self.dissemination.relayed or self.coded_packet(command):
+        """Receive a layer's input (forward) or output gradient (backward), as the dissemination delivers it."""
+        envelope = command_envelope(iteration, command)
+        data = self.link.take(envelope)
+        if self.coded_packet(command):
             return data
-        relayed = self.link.relay_packets(data, Msg.packet(iteration, layer, phase), self.k,
-                                          stopped_after=2 * self.settings.transport.detach_after)
-        packets = {j: relayed.received.data[j] for j in relayed.received.arrived[:self.k]}
-        # The packets sent to peers stay alive in their send handles: no need to wait for them here.
-        return self.dissemination.restore(packets, self.plan.shape(command, self.batch), torch.float32)
+        return self.setup.dissemination.receive(self.link, data, envelope, self.setup.plan.shape(command, self.batch))
 
     @abstractmethod
     def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
@@ -170,7 +162,7 @@ class EncodingWorkerSide(CommandWorkerBase):
         """Encode this worker's packets of the uncoded conv state the server sent (weights, momentum)."""
         super().start(schedule)
         self.readmitted(self.link.take(Msg.params(schedule.start)))
-        self.link.snapshot = lambda: pack(self.worker.state())
+        self.link.serve_snapshots(lambda: pack(self.worker.state()))
 
     def readmitted(self, state: torch.Tensor) -> None:
         """Encode this worker's packets of an uncoded conv state (weights and momentum, flattened)."""
@@ -191,7 +183,7 @@ class EncodingWorkerSide(CommandWorkerBase):
 
     def new_worker(self, state: torch.Tensor) -> EncodingWorker:
         """Return the algorithm of this worker, holding its packets of an uncoded conv state."""
-        return EncodingWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim)
+        return EncodingWorker.from_state(self.j, self.setup.code, self.setup.codings, state, self.settings.optim)
 
     def close(self) -> None:
         """Apply the updates still queued (or, with several groups, whose sums are in flight: no collective
@@ -206,7 +198,7 @@ class EncodingWorkerSide(CommandWorkerBase):
         self.link.send(pack(self.worker.state()), Msg.state_reply(iteration))
 
     def coded_packet(self, command: Command) -> bool:
-        return command.phase == Phase.BACKWARD and not self.codings[command.layer].has_column_copy
+        return command.phase == Phase.BACKWARD and not self.setup.codings[command.layer].has_column_copy
 
     def compute(self, iteration: int, command: Command, x: torch.Tensor, reply: bool) -> Optional[torch.Tensor]:
         with self.link.busy():
@@ -238,7 +230,7 @@ class GroupEncodingWorkerSide(EncodingWorkerSide):
     gradients with the workers of packet j in the other groups."""
 
     def new_worker(self, state: torch.Tensor) -> EncodingWorker:
-        return SummingEncodingWorker.from_state(self.j, self.code, self.codings, state, self.settings.optim,
+        return SummingEncodingWorker.from_state(self.j, self.setup.code, self.setup.codings, state, self.settings.optim,
                                                 reduce=self.packet_sum)
 
     def packet_sum(self, grads: torch.Tensor) -> Any:
