@@ -136,7 +136,7 @@ def test_the_schemes_package_init_defines_no_function():
     assert not defined, f"psframework/schemes/__init__.py defines {defined} (the entry point is schemes/entry.py)"
 
 
-SETTINGS_CLASSES = {"Settings", "RunSettings", "OptimSettings", "ScheduleSettings", "CodeSettings",
+SETTINGS_CLASSES = {"Settings", "RunSettings", "OptimSettings", "ScheduleSettings", "CodeSettings", "StragglerSpec",
                     "TransportSettings"}
 
 

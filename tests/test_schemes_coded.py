@@ -118,7 +118,8 @@ def test_wrong_world_size_is_one_clear_line(tmp_path):
     ("data.dataset=mnist data.root=/no/such/directory", "data.root: directory '/no/such/directory' does not exist"),
 ])
 def test_bad_inputs_under_mpi(tmp_path, override, message):
-    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, *override.split(), f"output.dir={tmp_path}"], timeout=100)
+    # In the warm pool job: tests/test_bad_inputs.py runs such errors under a fresh mpiexec too.
+    proc = run_psf(5, ["train", CONFIG, *override.split(), f"output.dir={tmp_path}"], timeout=100, keep_mpi=True)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr

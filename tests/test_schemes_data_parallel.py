@@ -135,7 +135,8 @@ def test_network_emulation_holds_sends_back(tmp_path, scheme, ranks):
     ("train.head_momentum=0.5", "unknown key 'train.head_momentum'"),
 ])
 def test_bad_input_is_one_line_on_rank_0(tmp_path, override, message):
-    proc = run_mpi(5, ["-m", "psframework", "train", CONFIG, f"output.dir={tmp_path}", override], timeout=100)
+    # In the warm pool job: tests/test_bad_inputs.py runs such errors under a fresh mpiexec too.
+    proc = run_psf(5, ["train", CONFIG, f"output.dir={tmp_path}", override], timeout=100, keep_mpi=True)
     assert proc.returncode == 2, describe(proc)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("psf: error: ") and message in lines[0], describe(proc)

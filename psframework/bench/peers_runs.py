@@ -130,8 +130,8 @@ def disturb(case: Case, proc: subprocess.Popen, run_dir: str, marker: str, opts:
         if pid is None or proc.poll() is not None:
             return None, after
         stop_s, go_s = opts.stop_go
-        freezer = Freezer(StragglerSpec("freeze", (case.stopped_rank,), pause_s=stop_s, duty=stop_s / (stop_s + go_s)),
-                          pid=pid)
+        spec = StragglerSpec(model="freeze", ranks=(case.stopped_rank,), pause_s=stop_s, duty=stop_s / (stop_s + go_s))
+        freezer = Freezer(spec, pid=pid)
         return freezer.stop, after
     if case.straggler == SLOW_LINK and net is not None:
         # Half-way, so that the run times itself before and after the fault under the same load.
