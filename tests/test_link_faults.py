@@ -196,8 +196,10 @@ def test_a_run_through_link_faults_matches_the_reference(tmp_path, long_referenc
             job.wait_lines(PHASES[name] + 4)
             mend(net, PARITY_RANK, name, healthy)
         # A lossy link can leave the worker behind for good, and then it is detached at about the cut's
-        # iteration: cut it only once it answers again, so that the cut's own detach is the one waited for.
+        # iteration: cut it only once it answers again, so that the cut's own detach is the one waited for,
+        # and not while a readmission is still settling (it answers the round after next as well).
         wait_until_used(job, PARITY_RANK, PHASES["cut"])
+        wait_until_used(job, PARITY_RANK, job.lines() + 1)
         healthy_iterations.append(job.lines())
         before = len(every_event(job.text(), PARITY_RANK, "detached"))
         fault(net, PARITY_RANK, "cut")
