@@ -57,7 +57,7 @@ def test_slurm_commands_pass_their_arguments_on_untouched():
     assert cli.slurm_command_args(["status"]) is None
     env = slurm.command_environment(Cluster("tc", 2, []))
     assert env["SLURM_CONF"] == "/run/psf-netcluster/tc/slurm/slurm.conf"
-    assert all(env[k] == v for k, v in jobs.MPICH_NETWORK.items())  # every pair of ranks over the links
+    assert all(env[k] == v for k, v in jobs.MPICH_SRUN_NETWORK.items())  # every pair of ranks over the links
 
 
 # ---------------------------------------------------------------- processes left in a cluster's namespaces

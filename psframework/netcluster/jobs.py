@@ -4,8 +4,8 @@ One mpiexec starts the job (MPMD: one segment per rank), and each rank is starte
 namespace with a host name of its own (a UTS namespace), so `hostname` and summary.json tell the hosts
 apart. Ranks on different hosts share no network path but their cables; MPI's shared-memory path,
 which would join them through the machine's /dev/shm, is turned off: MPICH talks over UCX's TCP
-transport on each host's interface (MPIR_CVAR_NOLOCAL=1), Open MPI over its TCP BTL. The interfaces'
-byte counters, read before and after a job, show what crossed each host's link.
+transport on each host's interface (MPIR_CVAR_NOLOCAL=1; under srun, over OFI's), Open MPI over its
+TCP BTL. The interfaces' byte counters, read before and after a job, show what crossed each host's link.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from psframework.netcluster.hosts import DEVICE, Cluster, as_host, counters
 # recovered. psframework's own watchdog and detach rules decide when a host is gone.
 MPICH_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp",
                  "UCX_NET_DEVICES": DEVICE, "UCX_TCP_KEEPIDLE": "inf"}
+# Jobs that srun starts run over OFI's TCP provider instead: MPICH's UCX netmod sends each node's address
+# to the process manager as 4096 bytes, mostly the memory that follows it, and Slurm's pmi2 plugin reads a
+# request in one read of 1024 bytes, so the ranks of a multi-node srun step fail in MPI_Init whenever that
+# memory holds few zero bytes. mpiexec's process manager reads whole requests.
+MPICH_SRUN_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp",
+                      "FI_TCP_IFACE": DEVICE}
 OPEN_MPI_NETWORK = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", DEVICE]
 
 

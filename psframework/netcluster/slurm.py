@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework.netcluster.hosts import (SWITCH_ADDRESS, Cluster, ClusterError, Unavailable,
                                           host_address, kill_all, sh)
-from psframework.netcluster.jobs import MPICH_NETWORK
+from psframework.netcluster.jobs import MPICH_SRUN_NETWORK
 
 CONTROLLER_PORT = 6917  # not Slurm's 6817/6818, which the machine's own Slurm uses
 NODE_PORT = 6918
@@ -235,7 +235,7 @@ def stop(cluster: Cluster) -> None:
 def command_environment(cluster: Cluster) -> Dict[str, str]:
     """Return the environment of a Slurm command: this cluster's slurm.conf, and for the jobs it submits,
     MPICH on the hosts' interfaces (every pair of ranks over the links, never shared memory)."""
-    return {**os.environ, "SLURM_CONF": conf_path(cluster), **MPICH_NETWORK}
+    return {**os.environ, "SLURM_CONF": conf_path(cluster), **MPICH_SRUN_NETWORK}
 
 
 def command(cluster: Cluster, name: str, args: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
