@@ -23,7 +23,7 @@ from psframework.netcluster import hosts, jobs
 from psframework.runtime.preempt import EXIT_PREEMPTED
 from psframework.comm.server_link import MPIServerLink
 from test_coded_path import FakeTransport
-from test_schemes_coded import COMMON, losses
+from test_schemes_coded import COMMON, assert_same_model, losses
 from test_stragglers_real import Job, used_ranks_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,10 +149,14 @@ def test_a_faulty_link_does_not_hold_training_up(tmp_path, overrides):
     assert len(readmitted) == len(detached) and all(r > d for d, r in zip(detached, readmitted)), output
 
 
-# Short: this recipe (lr 0.05, momentum 0.9) is chaotic enough that float32 rounding alone, amplified,
-# parts any two runs by more than the tolerance after about 75 iterations.
+# A recipe that rounding does not part from the reference: with lr 0.05 and momentum 0.9 (COMMON), two
+# reference runs whose initial weights differ by a relative 1e-5 differ by 4e-1 in loss after 60
+# iterations, with lr 0.005 by 6e-5; this run stays within 3e-7 of it (python hpc/sensitivity.py --eps 1e-5
+# --iterations 60 configs/digits_sazd.yaml train.lr_schedule=constant train.weight_decay=0.001 ...).
+# A readmission, whose state is decoded from k workers, and rounds decoded from other subsets than in an
+# undisturbed run move the run by rounding only, so the whole run can be held to the reference.
+RECIPE = [*(o for o in COMMON if not o.startswith("train.lr=")), "train.lr=0.005"]
 EQUAL_ITERATIONS = 60
-SETTLE_ITERATIONS = 6  # iterations after a readmission over which the losses must still equal the reference's
 # Iterations at which the slow and lossy phases (4 iterations each) and the cut begin: set by
 # iterations, not seconds, so that the run has room after the mend for the readmission on any machine.
 PHASES = {"slow": 2, "loss": 7, "cut": 12}
@@ -162,7 +166,7 @@ PARITY_RANK = 4  # holds the parity packet: with it detached, rounds decode from
 @pytest.fixture(scope="module")
 def long_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    assert main(["train", CONFIG, "scheme=reference", "name=ref", f"output.dir={out}", *COMMON,
+    assert main(["train", CONFIG, "scheme=reference", "name=ref", f"output.dir={out}", *RECIPE,
                  f"train.max_iterations={EQUAL_ITERATIONS}"]) == 0
     return out / "ref"
 
@@ -183,12 +187,12 @@ def test_a_run_through_link_faults_matches_the_reference(tmp_path, long_referenc
     # code.subsets=rotate waits for every worker and decodes each round from the next k-subset: while the
     # parity holder's link is slow or lossy it is waited for; once cut it is detached (silent for
     # comm.detach_after_s), rounds decode from the first k, and after the mend it is readmitted with a
-    # state decoded from k workers. The run must still equal the reference trainer's (see below how far).
+    # state decoded from k workers. The run must still equal the reference trainer's.
     healthy_iterations = []
     with cluster(HOSTS, "--rate", LINK) as net:
         # comm.detach_after_s=0.3: the cut, mended once the worker is detached, stays short, and so does
         # TCP's retransmission backoff after it: the readmission comes well before the run's end.
-        job = LinkJob(net, tmp_path, "scheme=sazd", "code.subsets=rotate", *COMMON, "comm.detach_after_s=0.3",
+        job = LinkJob(net, tmp_path, "scheme=sazd", "code.subsets=rotate", *RECIPE, "comm.detach_after_s=0.3",
                       f"train.max_iterations={EQUAL_ITERATIONS}", timeout=150)
         healthy = net.shapes[PARITY_RANK]
         for name in ("slow", "loss"):
@@ -216,13 +220,7 @@ def test_a_run_through_link_faults_matches_the_reference(tmp_path, long_referenc
     assert code == 0 and "watchdog" not in output, output
     events = [(e["rank"], e["readmitted_at"] is not None) for e in summary["membership"]]
     assert events and set(events) == {(PARITY_RANK, True)}, output  # every detach of the parity holder undone
-    # Until the parity holder's last readmission and a few rounds after it (which decode from its new
-    # state), the run equals the reference to rounding. Later, rounding alone can grow past the bound:
-    # the rounds then rotate through non-systematic subsets at other iterations than in an undisturbed
-    # run, and this recipe amplifies a 1e-7 difference tenfold every few iterations once its loss has
-    # spiked (seen: 1.2e-7 at iteration 34, 1e-4 at 46, 1e-2 at 56, after a readmission at 32).
-    checked = min(max(e["readmitted_at"] for e in summary["membership"]) + SETTLE_ITERATIONS, EQUAL_ITERATIONS)
-    drift = [abs(a - b) / abs(b) for a, b in zip(losses(job.run_dir), losses(long_reference))]
-    print(f"loss difference up to iteration {checked}: {max(drift[:checked]):.1e}; over the whole run: "
-          f"{max(drift):.1e}")
-    assert max(drift[:checked]) < 1e-4, drift
+    drift = [abs(a - b) for a, b in zip(losses(job.run_dir), losses(long_reference))]
+    print(f"largest loss difference from the reference: {max(drift):.1e}")
+    assert_same_model(job.run_dir, long_reference)
+    assert max(drift) < 1e-4, drift
