@@ -161,3 +161,27 @@ def test_model_info_command(capsys, configs_dir):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "layers.2.0.shortcut.0" in out and "BatchNorm2d x21" in out
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", [
+    (2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 0, 1, True), (2, 1, 0, 1, False), (3, 3, 1, 2, False)])
+def test_fast_pooling_gives_torchs_values_and_gradients_bit_for_bit(kernel, stride, padding, dilation, ceil_mode):
+    from torch import nn
+
+    from psframework.models.pooling import use_fast_pooling
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.MaxPool2d(kernel, stride, padding, dilation, ceil_mode=ceil_mode))
+    fast = use_fast_pooling(nn.Sequential(nn.MaxPool2d(kernel, stride, padding, dilation, ceil_mode=ceil_mode)))
+    ties = torch.randint(0, 3, (4, 5, 12, 12)).float()  # many windows with several maxima
+    nans = torch.randn(4, 5, 13, 11)
+    nans[0, 0, 0, 0] = nans[1, 2, 3, 3] = nans[1, 2, 3, 4] = float("nan")
+    for x in (torch.randn(4, 5, 13, 11), torch.randn(4, 5, 13, 11).relu(), ties, nans):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = plain(a), fast(b)
+        assert torch.equal(ya.isnan(), yb.isnan()) and torch.equal(ya.nan_to_num(), yb.nan_to_num())
+        grad = torch.randn_like(ya)
+        ya.backward(grad)
+        yb.backward(grad)
+        assert torch.equal(a.grad.isnan(), b.grad.isnan()) and torch.equal(a.grad.nan_to_num(), b.grad.nan_to_num())
+        assert yb.is_contiguous()

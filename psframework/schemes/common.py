@@ -15,6 +15,7 @@ from psframework.errors import ConfigError
 
 from psframework.data import Dataset, Split, dataset_shape, image_shape, iterate_batches, load_dataset, num_batches
 from psframework.models import Placement, build_model, input_size_of, place
+from psframework.models.pooling import use_fast_pooling
 from psframework.settings import OptimSettings, Settings
 
 
@@ -41,7 +42,7 @@ def input_shape(settings: Any) -> Tuple[int, int, int]:
 def build_problem(settings: Settings) -> Tuple[Dataset, nn.Module]:
     """Load the dataset and build the model, both on this rank's device."""
     dataset = load_dataset(settings.data, input_size_of(settings.model))
-    model = new_model(settings, dataset.image_shape[0], dataset.num_classes)
+    model = use_fast_pooling(new_model(settings, dataset.image_shape[0], dataset.num_classes))
     device = resolve_device(settings.device)
     return dataset.to(device), model.to(device)
 
