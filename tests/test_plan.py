@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -162,9 +163,26 @@ def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile
     predictions = rows(profile, cluster(), candidates)
     rec = recommend(profile, cluster(), predictions)
     fastest = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
-    assert rec.best == fastest and rec.reason.startswith(fastest.setup.scheme + " (")
+    ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
+    assert rec.best == fastest and rec.ddp == ddp
+    assert rec.reason.startswith("stay on DDP (" if rec.stay_on_ddp else fastest.setup.scheme + " (")
     assert set(row_json(fastest)) == {"scheme", "n", "k", "servers", "dissemination", "backup_workers",
                                       "iteration_s", "images_per_s", "rank0_bytes"}
+
+
+def test_the_plan_says_stay_on_ddp_where_ddp_is_predicted_faster(profile):
+    predictions = rows(profile, cluster(), setups(9, plan_names(), (2, 4, 8)))
+    best = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
+    ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
+    slower = replace(ddp, iteration_s=best.iteration_s * 1.25)
+    faster = replace(ddp, iteration_s=best.iteration_s / 1.25)
+    others = [p for p in predictions if p.setup.scheme != "ddp"]
+    kept = recommend(profile, cluster(), others + [slower])
+    assert not kept.stay_on_ddp and kept.reason.endswith(f"; 1.25x DDP's speed at n={ddp.setup.n}")
+    stay = recommend(profile, cluster(), others + [faster])
+    assert stay.best == best and stay.stay_on_ddp and stay.to_json()["stay_on_ddp"] is True
+    assert stay.reason.startswith(f"stay on DDP (n={ddp.setup.n}): it is predicted 1.25x as fast as "
+                                  f"psframework's best, {best.setup.scheme} (")
 
 
 def test_rates_times_and_stragglers_are_read_or_refused_in_one_line():

@@ -80,13 +80,23 @@ class Recommendation:
     reason: str
     ddp: Optional[Prediction]
 
+    @property
+    def stay_on_ddp(self) -> bool:
+        """Return whether torch DDP is predicted faster than every setup of psframework's."""
+        return stays_on_ddp(self.best, self.ddp)
+
     def to_json(self) -> Dict[str, Any]:
-        return {**row_json(self.best), "reason": self.reason,
+        return {**row_json(self.best), "reason": self.reason, "stay_on_ddp": self.stay_on_ddp,
                 "over_ddp": None if self.ddp is None else self.ddp.iteration_s / self.best.iteration_s}
 
 
+def stays_on_ddp(best: Prediction, ddp: Optional[Prediction]) -> bool:
+    """Return whether DDP's best setup is predicted faster than psframework's best."""
+    return ddp is not None and ddp.images_per_s > best.images_per_s
+
+
 def recommend(profile: Profile, cluster: Cluster, predictions: Sequence[Prediction]) -> Recommendation:
-    """Return the fastest real choice (most images per second) and the reason for it."""
+    """Return the fastest real choice (most images per second) and the reason for it, or for staying on DDP."""
     choices = [p for p in predictions if p.setup.scheme != DDP]
     best = max(choices, key=lambda p: p.images_per_s)
     ddps = [p for p in predictions if p.setup.scheme == DDP]
@@ -95,7 +105,18 @@ def recommend(profile: Profile, cluster: Cluster, predictions: Sequence[Predicti
 
 
 def reason(profile: Profile, cluster: Cluster, best: Prediction, ddp: Optional[Prediction]) -> str:
-    """Return why `best` wins, in one line."""
+    """Return, in one line, why `best` wins or, where DDP is faster, that a DDP user gains nothing by moving."""
+    choice = choice_reason(profile, cluster, best)
+    if ddp is None:
+        return choice
+    if stays_on_ddp(best, ddp):
+        return (f"stay on DDP (n={ddp.setup.n}): it is predicted {best.iteration_s / ddp.iteration_s:.2f}x as "
+                f"fast as psframework's best, {choice}")
+    return f"{choice}; {ddp.iteration_s / best.iteration_s:.2f}x DDP's speed at n={ddp.setup.n}"
+
+
+def choice_reason(profile: Profile, cluster: Cluster, best: Prediction) -> str:
+    """Return the setup `best` and why it beats psframework's other setups."""
     s = best.setup
     head = profile.head_params / profile.params if profile.params else 0.0
     wire = best.rank0_bytes / cluster.link_Bps if not math.isinf(cluster.link_Bps) else 0.0
@@ -115,5 +136,4 @@ def reason(profile: Profile, cluster: Cluster, best: Prediction, ddp: Optional[P
         why += f", with {cluster.straggler.words()}"
     shape = f"n={s.n}" + (f", k={s.k}, {s.dissemination}" if scheme.coded else "") \
         + (f", G={s.servers}" if s.servers > 1 else "") + (f", {s.backup} backup worker" if s.backup else "")
-    versus = f"; {ddp.iteration_s / best.iteration_s:.2f}x DDP's speed at n={ddp.setup.n}" if ddp else ""
-    return f"{s.scheme} ({shape}): {why}{versus}"
+    return f"{s.scheme} ({shape}): {why}"

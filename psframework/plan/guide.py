@@ -104,8 +104,11 @@ def render(profiles: Sequence[Profile]) -> str:
               f"## What psf plan recommends ({HOSTS} nodes, a core per rank, 5 us latency)", ""]
     lines += recommendations(profiles)
     lines += ["", "Read a row as: the scheme and shape with the most images per second over n = 4 to 32, the reason, "
-              "and how many times DDP's speed it reaches at DDP's best n. A worker stopped 80% of the time holds "
-              "DDP up every iteration; the first-k and backup schemes go on without it.", ""]
+              "and how many times DDP's speed it reaches at DDP's best n; \"stay on DDP\" where DDP's best is "
+              "predicted faster. A worker stopped 80% of the time holds DDP up every iteration; the first-k and backup "
+              "schemes go on without it.", "",
+              "No row recommends sazd: with one backup worker, ps and stanza ride out the stopped worker too, "
+              "without sazd's extra coded conv work and rank 0's decoding.", ""]
     return "\n".join(lines) + "\n"
 
 
