@@ -156,6 +156,11 @@ def stop_once_used_again(job, rank, limit_s=120.0):
 # below and by tests/test_membership.py.
 WATCHDOG_S = 4
 FREEZE_S = 2 * WATCHDOG_S
+# A run that a frozen worker holds up makes no progress during the freeze (and ends on the watchdog).
+# One that detaches it loses the detach seconds and the smaller share of the cores the frozen rank left
+# behind; on a loaded 2-core machine sazd with relay was measured at 0.68 of its rate before. Half the
+# rate before keeps the two apart without letting the machine's load decide.
+KEPT_PACE = 0.5
 
 
 @pytest.mark.mpi
@@ -183,7 +188,7 @@ def test_a_frozen_worker_does_not_hold_training_up(tmp_path, overrides):
     print(f"\n{' '.join(overrides)}: {before:.1f} it/s before, {during:.1f} it/s during a {FREEZE_S} s freeze of "
           f"rank {FROZEN_RANK} ({during / before:.2f}); frozen until {frozen_until}, detached at {detached_at}, "
           f"readmitted at {readmitted_at}, stopped after {stopped_at}")
-    assert during >= 0.7 * before, f"{during:.1f} it/s during the freeze, {before:.1f} before\n{output}"
+    assert during >= KEPT_PACE * before, f"{during:.1f} it/s during the freeze, {before:.1f} before\n{output}"
     assert detached_at is not None and detached_at <= frozen_until < readmitted_at < stopped_at, output
 
 
