@@ -14,7 +14,7 @@ from psframework.cliparse import EXIT_USAGE, Parser
 from psframework.config import dump_config
 from psframework.errors import ConfigError
 from psframework.data import DatasetError
-from psframework.runtime.world import mpi_world
+from psframework.runtime.world import FirstError, mpi_world
 from psframework.schemes.validate import load_run, make_settings
 from psframework.sweepindex import point_arguments
 
@@ -48,6 +48,19 @@ def _abort(comm: Any, status: int) -> None:
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     comm.Abort(status)
+
+
+def _fail_alone(comm: Any, errors: Optional[FirstError], line: str, status: int) -> int:
+    """Print the error line of a failure this rank may be alone to see, unless another rank saw one first,
+    and abort the job (the one that prints aborts first: the others wait for its line to leave)."""
+    first = errors is None or errors.first()
+    if first:
+        print(line, file=sys.stderr, flush=True)
+    if errors is not None:
+        if not first:
+            time.sleep(2 * ABORT_GRACE_S)
+        _abort(comm, status)
+    return status
 
 
 def _fail(message: str, rank: int = 0) -> int:
@@ -87,6 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from psframework.runtime.preempt import Preempted
     from psframework.schemes.startup import RunEnds
 
+    errors = FirstError(comm, ABORT_GRACE_S) if comm is not None and size > 1 else None
     try:
         train(settings, comm=comm)
     except Preempted as exc:
@@ -99,15 +113,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _end_cleanly(comm, exc.status)
     except (ConfigError, DatasetError) as exc:
         # Only this rank may have failed: report it and abort the job so that no rank hangs.
-        print(f"psf: error: {exc}", file=sys.stderr, flush=True)
-        if comm is not None and size > 1:
-            _abort(comm, EXIT_USAGE)
-        return EXIT_USAGE
+        return _fail_alone(comm, errors, f"psf: error: {exc}", EXIT_USAGE)
     except (WatchdogTimeout, TooFewWorkers) as exc:
-        print(f"psf: error: rank {rank}: {exc}; {last_checkpoint(settings.run.run_dir)}", file=sys.stderr, flush=True)
-        if comm is not None and size > 1:
-            _abort(comm, EXIT_FAILURE)
-        return EXIT_FAILURE
+        return _fail_alone(comm, errors, f"psf: error: rank {rank}: {exc}; {last_checkpoint(settings.run.run_dir)}",
+                           EXIT_FAILURE)
     if RANK_LOSS():
         # A rank of the job died: MPI_Finalize would wait for it for ever, so leave without it.
         sys.stdout.flush()

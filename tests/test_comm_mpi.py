@@ -13,6 +13,14 @@ from mpiutil import describe, run_mpi
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 
+def test_of_ranks_failing_at_once_only_the_first_to_see_its_error_reports_it():
+    proc = run_mpi(4, "first_error.py", timeout=60)
+    assert proc.returncode == 0, describe(proc)
+    lines = [line for line in proc.stdout.splitlines() if "reported by" in line]
+    assert len(lines) == 2 and lines[1] == "alone: reported by rank 3", describe(proc)
+    assert lines[0] in ("reported by rank 0", "reported by rank 2", "reported by rank 3"), describe(proc)
+
+
 def test_first_k_of_n_takes_the_fastest_never_a_late_reply_and_the_watchdog_names_a_silent_worker():
     proc = run_mpi(4, "firstk.py", timeout=90)
     assert proc.returncode == 0 and "OK firstk" in proc.stdout, describe(proc)
