@@ -165,7 +165,9 @@ def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile
     fastest = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
     ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
     assert rec.best == fastest and rec.ddp == ddp
-    assert rec.reason.startswith("stay on DDP (" if rec.stay_on_ddp else fastest.setup.scheme + " (")
+    # On this profile DDP's best is predicted faster: the reason says so, then names psframework's best.
+    assert rec.stay_on_ddp and rec.reason.startswith(f"stay on DDP (n={ddp.setup.n}): ")
+    assert f"psframework's best, {fastest.setup.scheme} (" in rec.reason
     assert set(row_json(fastest)) == {"scheme", "n", "k", "servers", "dissemination", "backup_workers",
                                       "iteration_s", "images_per_s", "rank0_bytes"}
 

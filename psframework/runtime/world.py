@@ -60,7 +60,7 @@ class FirstError:
     def __init__(self, comm: Any, window_s: float) -> None:
         self.comm = comm.Dup()  # collective: every rank builds it at the same point of the start
         self.rank, self.size, self.window_s = comm.Get_rank(), comm.Get_size(), window_s
-        self.sends: List[Any] = []
+        self.sends: List[Any] = []  # the claims in flight, kept until the abort (they need no completion)
 
     def first(self, seen_at: Optional[float] = None) -> bool:
         """Claim the report of an error seen at `seen_at` (now by default); return whether this rank makes it."""
