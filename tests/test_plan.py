@@ -165,9 +165,13 @@ def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile
     fastest = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
     ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
     assert rec.best == fastest and rec.ddp == ddp
-    # On this profile DDP's best is predicted faster: the reason says so, then names psframework's best.
-    assert rec.stay_on_ddp and rec.reason.startswith(f"stay on DDP (n={ddp.setup.n}): ")
-    assert f"psframework's best, {fastest.setup.scheme} (" in rec.reason
+    # The profile's times are measured here, so which side wins is the machine's; the verdict must follow it.
+    assert rec.stay_on_ddp == (ddp.images_per_s > fastest.images_per_s)
+    if rec.stay_on_ddp:
+        assert rec.reason.startswith(f"stay on DDP (n={ddp.setup.n}): ")
+        assert f"psframework's best, {fastest.setup.scheme} (" in rec.reason
+    else:
+        assert rec.reason.endswith(f"DDP's speed at n={ddp.setup.n}")
     assert set(row_json(fastest)) == {"scheme", "n", "k", "servers", "dissemination", "backup_workers",
                                       "iteration_s", "images_per_s", "rank0_bytes"}
 
