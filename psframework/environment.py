@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 POLL_SLEEP = "PSF_POLL_SLEEP_S"  # longest sleep between polls of a wait, seconds
 DECODE_THREADS = "PSF_DECODE_THREADS"  # host threads of a large zigzag decode
@@ -166,12 +166,17 @@ def cpus_on_node(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     return int_var(CPUS_ON_NODE, environ)
 
 
+def affinity() -> List[int]:
+    """Return the cores this process may run on (its CPU affinity; every core where there is none)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """Return how many cores this process may run on (its CPU affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+    return len(affinity())
 
 
 def cuda_visible_devices(environ: Optional[Mapping[str, str]] = None) -> str:

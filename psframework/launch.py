@@ -38,13 +38,30 @@ def is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout
 
 
+def rank_cores(ranks: int) -> List[int]:
+    """Return a core of its own for each of `ranks` ranks, from this process's; ValueError when there are fewer."""
+    cores = sorted(os.sched_getaffinity(0))
+    if ranks > len(cores):
+        raise ValueError(f"a core per rank: {ranks} ranks, expected at most the {len(cores)} cores this process "
+                         "may use")
+    return cores[:ranks]
+
+
 def mpi_command(n: int, args: Sequence[str], timeout_s: Optional[float] = None,
-                env: Optional[Mapping[str, str]] = None) -> tuple:
-    """Return (argv, environment) that run `python -m mpi4py ARGS` on n ranks."""
+                env: Optional[Mapping[str, str]] = None, core_per_rank: bool = False) -> tuple:
+    """Return (argv, environment) that run `python -m mpi4py ARGS` on n ranks.
+
+    `core_per_rank`: bind each rank to a core of its own (ValueError when there are fewer cores than ranks), so
+    that a job's time is its critical path, not the sum of its ranks' work on shared cores.
+    """
     mpiexec = mpiexec_path()
     argv: List[str] = [mpiexec, "-n", str(n)]
     full_env: Dict[str, str] = environment.child_environment()
-    if is_open_mpi(mpiexec):
+    open_mpi = is_open_mpi(mpiexec)
+    if core_per_rank:
+        rank_cores(n)
+        argv += ["--bind-to", "core"] if open_mpi else ["-bind-to", "core"]
+    if open_mpi:
         argv.append("--oversubscribe")
         full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

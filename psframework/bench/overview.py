@@ -62,6 +62,13 @@ def plan_figures(report: Report) -> List[str]:
     return figs.plan(report, plan_errors.summary(report["cases"])) + figs.plan_questions(report)
 
 
+def critical_path_figures(report: Report) -> List[str]:
+    """Return the headline of the plan report with a core per rank: the model's error and the ranks busy at once."""
+    s = plan_errors.summary(report["cases"])
+    return [f"* {s['cases']} cases, each rank on a core of its own (rank 0 and one worker, or two DDP processes): "
+            f"the model's median absolute error {s['median_error']:.1%}, worst {s['worst_error']:.1%}."]
+
+
 ENTRIES = (
     Entry("codec.json", "codec", "decoding error of SAZD against polynomial codes over every arrival set, with "
           "workers in bf16 or fp16 too; encode and decode speed next to a NumPy sum", figs.codec),
@@ -83,6 +90,9 @@ ENTRIES = (
           "link slowed half-way through a run", figs.peers_links, REAL_LINKS),
     Entry("plan.json", "plan", "`psf plan`'s cost model against measured runs (emulated and real links, held-out "
           "cases), and the coded-path questions it answers", plan_figures, COST_MODEL),
+    Entry("pinned/plan.json", "plan, a core per rank", "`psf plan`'s cost model against jobs whose every rank has "
+          "a core of its own: their critical path, and how many ranks work at once", critical_path_figures,
+          COST_MODEL),
 )
 
 

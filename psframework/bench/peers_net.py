@@ -60,13 +60,15 @@ class BenchCluster:
         return hosts.counters(self.cluster)
 
     def command(self, ranks: int, args: Sequence[str], timeout_s: float, env: Mapping[str, str],
-                ddp: bool) -> Tuple[List[str], Dict[str, str]]:
-        """Return (argv, environment) of `python -m mpi4py ARGS` on `ranks` ranks, rank r on host r."""
+                ddp: bool, core_per_rank: bool = False) -> Tuple[List[str], Dict[str, str]]:
+        """Return (argv, environment) of `python -m mpi4py ARGS` on `ranks` ranks, rank r on host r (and on core r
+        with `core_per_rank`)."""
         extra = dict(env)
         if ddp:
             # gloo on the hosts' interface, its rendezvous at rank 0's host (psframework.bench.ddp)
             extra.update(GLOO_SOCKET_IFNAME=hosts.DEVICE, MASTER_ADDR=hosts.host_address(0))
-        return jobs.job_command(self.cluster, ranks, [sys.executable, "-m", "mpi4py", *args], timeout_s, extra)
+        return jobs.job_command(self.cluster, ranks, [sys.executable, "-m", "mpi4py", *args], timeout_s, extra,
+                                core_per_rank=core_per_rank)
 
     def pingpong(self, link: str, size: int, timeout_s: float = 300.0) -> Dict[str, Any]:
         """Return the ping-pong figures of hosts 0 and 1 with every link at `link` (large messages of `size`)."""

@@ -75,6 +75,7 @@ class RunOptions:
     timeout_s: float
     slow_fraction: float = 0.01
     pingpong_bytes: int = 64 << 20  # the large message of each real link's ping-pong
+    core_per_rank: bool = False  # bind each rank to a core of its own: the time is the critical path
 
 
 def run_case(case: Case, opts: RunOptions, out: str, net: Optional[BenchCluster] = None) -> Dict[str, Any]:
@@ -92,10 +93,13 @@ def run_case(case: Case, opts: RunOptions, out: str, net: Optional[BenchCluster]
     real = case.network == NETCLUSTER and net is not None
     if real:
         net.shape(case.link)
-        argv, env = net.command(case.ranks, args, opts.timeout_s, {"PSF_BENCH_JOB": marker}, case.ddp)
+        argv, env = net.command(case.ranks, args, opts.timeout_s, {"PSF_BENCH_JOB": marker}, case.ddp,
+                                opts.core_per_rank)
     else:
-        argv, env = mpi_command(case.ranks, args, timeout_s=opts.timeout_s, env={"PSF_BENCH_JOB": marker})
+        argv, env = mpi_command(case.ranks, args, timeout_s=opts.timeout_s, env={"PSF_BENCH_JOB": marker},
+                                core_per_rank=opts.core_per_rank)
     where = f" on {case.ranks} hosts" if real else ""
+    where += ", a core per rank" if opts.core_per_rank else ""
     print(f"{PROG}: {case.label}: mpiexec -n {case.ranks} python -m mpi4py {' '.join(args)}{where}", flush=True)
     counted = net.counters() if real else None
     log = tempfile.TemporaryFile(mode="w+")

@@ -28,3 +28,17 @@ def ranks_per_node(comm: Any = None, environ: Optional[Mapping[str, str]] = None
         return node.Get_size(), "MPI_COMM_TYPE_SHARED split"
     finally:
         node.Free()
+
+
+def node_cores(comm: Any = None) -> int:
+    """Return how many cores the ranks sharing this node may run on together: the union of their CPU affinities
+    (collective). Ranks bound to a core each count their own cores; unbound ones all count the same."""
+    cores = environment.affinity()
+    try:
+        node = shared_node_comm(comm)
+    except ImportError:
+        return len(cores)
+    try:
+        return len(set().union(*node.allgather(cores)))
+    finally:
+        node.Free()

@@ -78,10 +78,14 @@ class Backoff:
         self.sleep_s = min(2.0 * self.sleep_s, self.max_sleep_s)
 
 
-def auto_poll_sleep(comm: Any) -> float:
-    """Return PSF_POLL_SLEEP_S if set, else 0 (spin) when this node has a core per rank, else 1 ms."""
+def auto_poll_sleep(comm: Any, cores: Optional[int] = None) -> float:
+    """Return PSF_POLL_SLEEP_S if set, else 0 (spin) when this node has a core per rank, else 1 ms.
+
+    `cores`: the cores this node's ranks may run on together (locality.node_cores); by default this rank's,
+    which undercounts them where every rank is bound to a core of its own.
+    """
     configured = environment.poll_sleep_s()
     if configured is not None:
         return configured
     ranks, _ = ranks_per_node(comm)
-    return 0.0 if ranks <= environment.usable_cores() else 1e-3
+    return 0.0 if ranks <= (environment.usable_cores() if cores is None else cores) else 1e-3

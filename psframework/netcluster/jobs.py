@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from psframework import environment
-from psframework.launch import is_open_mpi, mpiexec_path
+from psframework.launch import is_open_mpi, mpiexec_path, rank_cores
 from psframework.netcluster.hosts import DEVICE, Cluster, as_host, counters
 
 # UCX_TCP_KEEPIDLE=inf: UCX turns TCP keepalive on for its connections (10 s idle, then probes), so a
@@ -54,10 +54,13 @@ def network_environment(mpiexec: str) -> Dict[str, str]:
 
 def job_command(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s: Optional[float] = None,
                 env: Optional[Mapping[str, str]] = None,
-                placement: Optional[Sequence[int]] = None) -> Tuple[List[str], Dict[str, str]]:
+                placement: Optional[Sequence[int]] = None,
+                core_per_rank: bool = False) -> Tuple[List[str], Dict[str, str]]:
     """Return (argv, environment) of an MPI job of `ranks` ranks, each running `program` on its host:
-    rank r on host `placement[r]`, by default host r mod N."""
+    rank r on host `placement[r]`, by default host r mod N; with `core_per_rank`, rank r on core r of the
+    machine the hosts share (ValueError when there are fewer cores than ranks)."""
     placement = placement or [host_of(rank, cluster) for rank in range(ranks)]
+    cores = rank_cores(ranks) if core_per_rank else []
     mpiexec = mpiexec_path()
     argv: List[str] = [mpiexec]
     full_env = environment.child_environment()
@@ -72,7 +75,8 @@ def job_command(cluster: Cluster, ranks: int, program: Sequence[str], timeout_s:
     for rank in range(ranks):
         if rank:
             argv.append(":")
-        argv += ["-n", "1", *enter_host(cluster, placement[rank]), *program]
+        pin = ["taskset", "-c", str(cores[rank])] if core_per_rank else []
+        argv += ["-n", "1", *enter_host(cluster, placement[rank]), *pin, *program]
     return argv, full_env
 
 

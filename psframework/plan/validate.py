@@ -57,11 +57,14 @@ class Check:
     network: str = EMULATED
     k: Optional[int] = None  # None: the benchmark's n - n/4 (n for contenders that need every worker)
     held_out: str = ""  # why the case is held out ("": a validation case)
+    core_per_rank: bool = False  # each rank bound to a core of its own: the time measured is the critical path
 
     @property
     def label(self) -> str:
         k = f", k={self.k}" if self.k else ""
-        return f"{self.workload.name}: {self.contender.name}, n={self.n}{k}, {link_words(self.link, self.network)}"
+        pinned = ", a core per rank" if self.core_per_rank else ""
+        return f"{self.workload.name}: {self.contender.name}, n={self.n}{k}, {link_words(self.link, self.network)}" \
+            f"{pinned}"
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def load_cases(path: str, contenders: Dict[str, Contender]) -> CaseFile:
                 for n in group["n"]:
                     for link in group["links"]:
                         checks += [Check(workloads[w], contenders[c], int(n), str(link), group.get("network", EMULATED),
-                                         group.get("k"), group["why"] if held else "") for c in group["contenders"]]
+                                         group.get("k"), group["why"] if held else "",
+                                         bool(group.get("core_per_rank", False))) for c in group["contenders"]]
     return CaseFile(tuple(checks), data["questions"], workloads)
 
 
@@ -103,10 +107,10 @@ def quick(cases: Sequence[Check]) -> List[Check]:
 
 
 def setup_of(check: Check, case: peers_cases.Case) -> Setup:
-    """Return the model's setup of a case, read from its contender's overrides."""
+    """Return the model's setup of a case, read from its contender's overrides and then its workload's."""
     if case.ddp:
         return Setup(DDP, check.n, check.n)
-    values = dict(o.split("=", 1) for o in check.contender.overrides)
+    values = dict(o.split("=", 1) for o in check.contender.overrides + check.workload.overrides)
     scheme = values["scheme"]
     return Setup(scheme, check.n, check.k or case.k, dissemination=values.get("comm.dissemination", "direct"),
                  backup=int(values.get("train.backup_workers", 0)))
@@ -182,7 +186,8 @@ def measure(args: argparse.Namespace, argv: List[str]) -> Union[Dict[str, Any], 
         for check in todo:
             case = peers_cases.Case(check.contender, check.n, check.link, "none", check.network)
             extra = list(check.workload.overrides) + ([f"code.k={check.k}"] if check.k else [])
-            opts = peers_runs.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout)
+            opts = peers_runs.RunOptions(check.workload.config, args.iterations, tuple(extra), (0.4, 0.1), args.timeout,
+                                         core_per_rank=check.core_per_rank)
             measured = peers_runs.run_case(case, opts, runs, net)
             profile = found[check.workload.name]
             predicted = predict(profile, setup_of(check, case), cluster_of(check, profile))

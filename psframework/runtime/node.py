@@ -90,6 +90,7 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     """
     from psframework.comm import Transport, setup_roles
     from psframework.comm.roles import shard_roles
+    from psframework.comm.locality import node_cores
     from psframework.comm.polling import auto_poll_sleep
     from psframework.runtime.binding import select_device
     from psframework.runtime.emulate import link_emulator
@@ -103,7 +104,8 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     plan = configure_threads(roles.world, threads=settings.threads or None)
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do
         set_decode_threads(plan.threads)
-    poll_sleep_s = auto_poll_sleep(roles.world)  # from the whole job's ranks on this node, not one group's
+    # From the whole job's ranks on this node, not one group's, and the cores they have together.
+    poll_sleep_s = auto_poll_sleep(roles.world, node_cores(roles.world))
     emulated = settings.emulated_ranks == "all" or roles.is_server
     link = link_emulator(settings.bandwidth_gbps, settings.latency_us) if emulated else None  # one per rank
 
