@@ -40,7 +40,7 @@ def is_open_mpi(mpiexec: str) -> bool:
 
 def rank_cores(ranks: int) -> List[int]:
     """Return a core of its own for each of `ranks` ranks, from this process's; ValueError when there are fewer."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = environment.affinity()
     if ranks > len(cores):
         raise ValueError(f"a core per rank: {ranks} ranks, expected at most the {len(cores)} cores this process "
                          "may use")
