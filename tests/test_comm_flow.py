@@ -81,6 +81,34 @@ def test_a_deadline_does_not_count_time_this_process_was_stopped(monkeypatch):
     assert not polling.Deadline(None).passed()
 
 
+def test_a_wait_yields_instead_of_sleeping_while_a_payload_comes_over_the_network(monkeypatch):
+    from psframework.comm import polling
+
+    sleeps, yields = [], []
+    monkeypatch.setattr(polling.time, "sleep", sleeps.append)
+    monkeypatch.setattr(polling, "_yield", lambda: yields.append(1))
+    moving = [True]
+    backoff = polling.Backoff(1e-3, lambda: moving[0])
+    for _ in range(5):
+        backoff.pause()
+    assert (len(yields), sleeps) == (5, [])
+    moving[0] = False
+    for _ in range(8):
+        backoff.pause()
+    assert sleeps[0] == polling.FIRST_SLEEP_S and max(sleeps) == 1e-3
+
+
+def test_a_rank_alone_has_no_peer_on_another_node():
+    from mpi4py import MPI
+
+    from psframework.comm.locality import off_node_ranks
+
+    assert off_node_ranks(MPI.COMM_SELF) == frozenset()
+    t = Transport(MPI.COMM_SELF, timeout_s=5.0)
+    assert t.off_node == frozenset() and not t.moving()
+    t.close()
+
+
 def test_bad_windows_are_named():
     with pytest.raises(ValueError, match="window: got 0"):
         self_transport(window=0)

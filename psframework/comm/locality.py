@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, FrozenSet, Mapping, Optional, Tuple
 
 from psframework import environment
 
@@ -42,3 +42,16 @@ def node_cores(comm: Any = None) -> int:
         return len(set().union(*node.allgather(cores)))
     finally:
         node.Free()
+
+
+def off_node_ranks(comm: Any) -> FrozenSet[int]:
+    """Return the ranks of `comm` that do not share this rank's memory: MPI reaches them by network (collective)."""
+    node = shared_node_comm(comm)
+    node_group, group = node.Get_group(), comm.Get_group()
+    try:
+        here = node_group.Translate_ranks(None, group)
+    finally:
+        node_group.Free()
+        group.Free()
+        node.Free()
+    return frozenset(range(comm.Get_size())) - frozenset(here)

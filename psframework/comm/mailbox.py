@@ -69,6 +69,10 @@ class Mailbox:
     def _post_header(self) -> Any:
         return self.transport.comm.Irecv([self._header, MPI.BYTE], self.source, MPI.ANY_TAG)
 
+    def moving(self) -> bool:
+        """Return whether a payload from the source is on its way."""
+        return self._pending is not None
+
     def progress(self) -> None:
         """Take in every message that has arrived by now."""
         status = MPI.Status()

@@ -39,6 +39,9 @@ class SendPath(Protocol):
     def progress(self) -> int:
         """Serve everything that can move now."""
 
+    def moving(self) -> bool:
+        """Return whether a payload is on its way to the rank over the network."""
+
     def named(self, ranks: Sequence[int]) -> List[int]:
         """Return ranks of the communicator as ranks in the job."""
 
@@ -207,7 +210,7 @@ class Outbox:
             self.sweep()
             return
         deadline = Deadline(timeout)
-        backoff = Backoff(self.transport.poll_sleep_s)
+        backoff = Backoff(self.transport.poll_sleep_s, self.transport.moving)
         while not handle.test():
             self.transport.progress()
             if deadline.passed():
@@ -217,7 +220,7 @@ class Outbox:
 
     def flush(self, deadline: Deadline) -> int:
         """Let the sends finish until the deadline; return how many are still unfinished."""
-        backoff = Backoff(self.transport.poll_sleep_s)
+        backoff = Backoff(self.transport.poll_sleep_s, self.transport.moving)
         while self._sends and not deadline.passed():
             self.sweep()
             backoff.pause(self.next_departure())

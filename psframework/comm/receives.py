@@ -12,7 +12,7 @@ is posted.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -92,6 +92,9 @@ class ReceiveOwner(Protocol):
 
     def named(self, ranks: Sequence[int]) -> List[int]:
         """Return ranks of the communicator as ranks in the job."""
+
+    def moving(self) -> bool:
+        """Return whether a payload is on its way to the rank over the network."""
 
 
 class Receives:
@@ -313,7 +316,7 @@ class Receives:
     def _wait_some(self, requests: List[Any], statuses: List[Any], deadline: Deadline,
                    interrupt: Optional[Callable[[], None]] = None) -> Tuple[List[int], List[int]]:
         """Poll until some requests complete or fail (see test_each) or the deadline passes (nothing then)."""
-        backoff = Backoff(self.transport.poll_sleep_s)
+        backoff = Backoff(self.transport.poll_sleep_s, self.transport.moving)
         while True:  # MPI has no timed wait: poll, as a blocking MPI wait spins internally anyway
             self.transport.flow.poll()
             self._outbox.depart()
@@ -352,6 +355,11 @@ class Receives:
             self._complete(live[i], self._statuses[j])
         for i in failed:
             self.fail(live[i].source)
+
+    def moving(self, sources: AbstractSet[int]) -> bool:
+        """Return whether a payload from one of `sources` is on its way (its header is in, its receive posted)."""
+        return any(s.state in (PAYLOAD, DISCARD, STASH) and s.source in sources
+                   for s in list(self.live.values()) + self._draining)
 
     def poll(self) -> None:
         """Advance every posted receive that can move now, without blocking."""

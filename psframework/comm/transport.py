@@ -20,6 +20,7 @@ from .buffers import StagingPool, tensor_info
 from .cuda import resolve_cuda_aware
 from .envelope import MAX_TAG, MIN_TAG_UB, Envelope
 from .gather import Gather
+from .locality import off_node_ranks
 from .mailbox import Mailbox
 from .outbox import Outbox, SendHandle, SendHook
 from .polling import DEFAULT, Backoff, Deadline, auto_poll_sleep
@@ -70,6 +71,7 @@ class Transport:
         self.tag_ub = int(tag_ub)
         self.comm = base.Dup() if dup else base
         self._owns_comm = dup
+        self.off_node = off_node_ranks(self.comm)  # their payloads come over the network: see `moving`
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         awareness = resolve_cuda_aware(cuda_aware, base)
@@ -163,7 +165,7 @@ class Transport:
         """Serve every receive, mailbox and send until ready() holds; False once timeout_s has passed."""
         timeout = self.resolve_timeout(timeout_s)
         deadline = Deadline(timeout)
-        backoff = Backoff(self.poll_sleep_s)
+        backoff = Backoff(self.poll_sleep_s, self.moving)
         while True:
             self.progress()
             if ready():
@@ -171,6 +173,11 @@ class Transport:
             if deadline.passed():
                 return False
             backoff.pause(self.outbox.next_departure())
+
+    def moving(self) -> bool:
+        """Return whether a payload is on its way to this rank over the network (MPI moves it only while polled)."""
+        return self.receives.moving(self.off_node) or any(b.moving() for b in self._mailboxes
+                                                          if b.source in self.off_node)
 
     def progress(self) -> int:
         """Serve receives, mailboxes, credits and sends that can move now without blocking; return how many remain."""

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from psframework.comm.locality import off_node_ranks
 from psframework.comm.polling import Backoff
 from psframework.plan.profile import Link
 
@@ -43,17 +44,23 @@ def machine_id() -> str:
 
 
 def copies(comm, message: np.ndarray, repeats: int) -> float:
-    """Ping-pong `message` `repeats` times, both ranks sleeping while they wait; return the seconds."""
+    """Ping-pong `message` `repeats` times, both ranks sleeping while they wait; return the seconds.
+
+    As in the transport, a receiver whose peer is on another node yields instead of sleeping: the
+    message moves only while it polls (comm.polling.Backoff)."""
     rank = comm.Get_rank()
+    remote = (1 - rank) in off_node_ranks(comm)
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(repeats):
         for sender in (0, 1):
-            if rank == sender:
-                request = comm.Isend(message, dest=1 - rank, tag=9)
-            else:
+            receiving = rank != sender
+            if receiving:
                 request = comm.Irecv(message, source=1 - rank, tag=9)
-            backoff = Backoff(POLL_S)  # the transport's pauses between polls when ranks outnumber cores
+            else:
+                request = comm.Isend(message, dest=1 - rank, tag=9)
+            # the transport's pauses between polls when ranks outnumber cores
+            backoff = Backoff(POLL_S, (lambda: True) if receiving and remote else None)
             while not request.Test():
                 backoff.pause()
     return time.perf_counter() - start
