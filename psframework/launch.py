@@ -81,7 +81,7 @@ def run_mpi(n: int, args: Sequence[str], timeout_s: float = 600.0, env: Optional
 
 # ---------------------------------------------------------------- srun inside a Slurm allocation
 
-SRUN_USAGE = "usage: python -m psframework.launch [-n N] [--dry-run] PSF-ARGS... (inside a Slurm allocation)"
+SRUN_USAGE = "usage: python -m psframework.launch [-n N] [--fit] [--dry-run] PSF-ARGS... (inside a Slurm allocation)"
 
 
 class LaunchError(Exception):
@@ -158,15 +158,46 @@ def train_world_size(psf_args: Sequence[str], env: Mapping[str, str]) -> Tuple[O
     return world_size_of(cfg), args
 
 
-def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[str, str]) -> List[str]:
-    """Return the srun command that runs `python -m mpi4py -m psframework PSF-ARGS` in this allocation."""
+def fit_to_allocation(psf_args: Sequence[str], needed: int, allocated: int, env: Mapping[str, str]) -> List[str]:
+    """Return `psf train` arguments that train on `allocated` ranks where the config needs more: fewer workers
+    per server, as many spare ones as the config has (code.n - code.k), the true weights re-encoded on resume.
+
+    A requeued job that Slurm starts on fewer nodes (sbatch --nodes=MIN-MAX) goes on with what it got.
+    """
+    from psframework.schemes.validate import load_run
+    from psframework.sweepindex import point_arguments
+
+    config, overrides = point_arguments(psf_args[1], [a for a in psf_args[2:] if "=" in a], env)
+    cfg = load_run(config, overrides)
+    servers, n, k = cfg.train.servers, cfg.code.n, cfg.code.k
+    fitted = allocated // servers - 1
+    if fitted < 1 or fitted - (n - k) < 1:
+        raise LaunchError(f"the run needs {needed} ranks but the Slurm allocation has {allocated} tasks "
+                          f"(SLURM_NTASKS), too few for {servers} server(s) with {n - k + 1} or more workers each: "
+                          f"submit with sbatch --ntasks={needed}")
+    fit = [f"code.n={fitted}", f"code.k={fitted - (n - k)}"]
+    print(f"psf: the Slurm allocation has {allocated} of the {needed} tasks the config asks for: training with "
+          f"{' '.join(fit)} (was code.n={n} code.k={k})", file=sys.stderr, flush=True)
+    return list(psf_args) + fit
+
+
+def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[str, str],
+                 fit: bool = False) -> List[str]:
+    """Return the srun command that runs `python -m mpi4py -m psframework PSF-ARGS` in this allocation.
+
+    With `fit`, a `psf train` run that needs more ranks than the allocation has trains on those it has
+    (`fit_to_allocation`) instead of stopping with an error.
+    """
     srun = shutil.which("srun") or "srun"
     needed, args = train_world_size(psf_args, env)
     ntasks = ntasks or needed
     allocated = env.get("SLURM_NTASKS")
     if ntasks and allocated and allocated.isdigit() and int(allocated) < ntasks:
-        raise LaunchError(f"the run needs {ntasks} ranks but the Slurm allocation has {allocated} tasks "
-                          f"(SLURM_NTASKS): submit with sbatch --ntasks={ntasks}")
+        if not (fit and needed):
+            raise LaunchError(f"the run needs {ntasks} ranks but the Slurm allocation has {allocated} tasks "
+                              f"(SLURM_NTASKS): submit with sbatch --ntasks={ntasks}")
+        args = fit_to_allocation(args, ntasks, int(allocated), env)
+        ntasks, _ = train_world_size(args, env)
     argv = [srun]
     library = mpi_library()
     plugin = srun_mpi_plugin(env, library)
@@ -183,18 +214,23 @@ def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[st
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run `psf` under srun in the current Slurm allocation (`python -m psframework.launch [-n N] ARGS`)."""
-    args, ntasks, dry_run = list(argv), None, False
+    """Run `psf` under srun in the current Slurm allocation (`python -m psframework.launch [-n N] ARGS`).
+
+    --fit: a run that needs more ranks than the allocation has trains with fewer workers (the templates).
+    """
+    args, ntasks, dry_run, fit = list(argv), None, False, False
     if args[:1] in (["-h"], ["--help"]):
         print(f"{SRUN_USAGE}\n{main.__doc__}\nEnvironment: PSF_SRUN_MPI (plugin), PSF_SRUN_CPU_BIND (none: no "
               "binding), PSF_SRUN_ARGS (extra srun arguments).")
         return 0
-    while args and args[0] in ("-n", "--dry-run", "--"):
+    while args and args[0] in ("-n", "--dry-run", "--fit", "--"):
         flag = args.pop(0)
         if flag == "--":
             break
         if flag == "--dry-run":
             dry_run = True
+        elif flag == "--fit":
+            fit = True
         elif not args or not args[0].isdigit() or int(args[0]) < 1:
             print(f"psf-launch: -n: got {args[0] if args else 'nothing'!r}, expected a positive number of ranks",
                   file=sys.stderr)
@@ -205,7 +241,7 @@ def main(argv: Sequence[str]) -> int:
         print(SRUN_USAGE, file=sys.stderr)
         return 2
     try:
-        command = srun_command(args, ntasks, os.environ)
+        command = srun_command(args, ntasks, os.environ, fit)
     except LaunchError as exc:
         print(f"psf: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -123,3 +123,7 @@ def test_srun_gets_the_plugin_of_mpi4pys_mpi_the_configs_task_count_and_binding_
     assert command[:4] == ["srun", "--mpi=pmi2", "-n", "5"] and command[-3:] == ["psframework", "train", SAZD]
     with pytest.raises(LaunchError, match="needs 5 ranks but the Slurm allocation has 4 tasks"):
         srun_command(["train", SAZD], None, {"SLURM_NTASKS": "4"})
+    fitted = srun_command(["train", SAZD], None, {"SLURM_NTASKS": "4"}, fit=True)  # requeued onto fewer nodes
+    assert fitted[2:4] == ["-n", "4"] and fitted[-2:] == ["code.n=3", "code.k=2"]
+    with pytest.raises(LaunchError, match="has 1 tasks .SLURM_NTASKS., too few for 1 server.s. with 2 or more"):
+        srun_command(["train", SAZD], None, {"SLURM_NTASKS": "1"}, fit=True)

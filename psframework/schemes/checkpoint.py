@@ -2,7 +2,10 @@
 
 A checkpoint is read with torch's weights-only unpickler, which admits tensors and plain containers
 only: a file crafted to run code on load is refused. It records a fingerprint of the settings that
-must match to resume (scheme, model and its shapes, code, data, batch, optimiser and schedule).
+must match to resume (scheme, model and its shapes, data, batch, optimiser and schedule). The code
+(`code.n`, `code.k`, ...) is not among them: a coded scheme's checkpoint holds the weights and momentum
+rank 0 decoded, and a resume sends them uncoded to the workers, which encode their packets for
+whatever code the resumed run has (docs/design.md#preemption).
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ ADDED_KEYS = {"model.args": {}, "model.split_at": None, "data.args": {}, "data.a
               "train.warmup": 0, "train.warmup_unit": "epochs", "train.warmup_start_factor": 0.1,
               "train.label_smoothing": 0.0, "train.accumulate": 1, "train.precision": "fp32",
               "train.loss_scale": "auto"}
-# Keys older checkpoints hold that a resume no longer needs to match: a cap stops a run, not its schedule.
-RETIRED_KEYS = ("train.max_iterations",)
-CODE_KEYS = ("code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
+# Keys older checkpoints hold that a resume no longer needs to match: a cap stops a run, not its schedule;
+# the code's keys, since coded checkpoints hold decoded weights that any code re-encodes.
+RETIRED_KEYS = ("train.max_iterations", "code.n", "code.k", "code.systematic", "code.symbol_channels", "code.nodes")
 
 
 @dataclass
@@ -56,9 +59,9 @@ class Checkpoint:
     torch_rng: torch.Tensor
 
 
-def fingerprint(config: Mapping[str, Any], coded: bool, model: torch.nn.Module) -> Dict[str, Any]:
-    """Return the settings a resume must match (the code's only for coded schemes) and the model's shapes."""
-    keys = FINGERPRINT_KEYS + (CODE_KEYS if coded else ())
+def fingerprint(config: Mapping[str, Any], model: torch.nn.Module) -> Dict[str, Any]:
+    """Return the settings a resume must match and the model's shapes."""
+    keys = FINGERPRINT_KEYS
     if config["train"]["lr_schedule"] != "constant":  # the schedule depends on the plan's length
         keys += ("train.epochs",)
     found = {key: _dotted(config, key) for key in keys}
@@ -92,10 +95,10 @@ def _short(value: Any) -> str:
 
 
 def save_checkpoint(path: str, iteration: int, num_train: int, model: torch.nn.Module, state: Dict[str, Any],
-                    settings: Settings, coded: bool) -> None:
+                    settings: Settings) -> None:
     """Write a checkpoint atomically (temporary name, then rename)."""
     payload = {"format": FORMAT, "iteration": int(iteration), "num_train": int(num_train),
-               "fingerprint": fingerprint(settings.config, coded, model), "model": on_cpu(model.state_dict()),
+               "fingerprint": fingerprint(settings.config, model), "model": on_cpu(model.state_dict()),
                "state": on_cpu(state), "torch_rng": torch.get_rng_state(), "config": settings.config}
     atomic_write(path, lambda fh: torch.save(payload, fh), mode="wb")
 

@@ -378,13 +378,12 @@ def write_checkpoints(settings: Settings, side: ServerSide, schedule: Schedule, 
     state = side.state_dict()
     run_dir = settings.run.run_dir
     num_train = len(side.problem.dataset.train)
-    coded = settings.code.kind is not None
     names = ["checkpoint.pt"]
     if schedule.checkpoint_every and iteration % schedule.checkpoint_every == 0:
         names.append(f"checkpoint-{iteration}.pt")
     with TIMELINE.span("checkpoint"):
         for name in names:
-            save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings, coded)
+            save_checkpoint(os.path.join(run_dir, name), iteration, num_train, side.model, state, settings)
     if settings.run.keep_checkpoints:
         prune_checkpoints(run_dir, settings.run.keep_checkpoints)
 

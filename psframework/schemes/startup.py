@@ -128,10 +128,9 @@ def newest_checkpoint(run_dir: str) -> Optional[Checkpoint]:
 def check_resume(settings: Settings, checkpoint: Checkpoint) -> Opening:
     """Compare the checkpoint's fingerprint, and end the run early if it holds every iteration."""
     from psframework.schemes.driver import make_schedule
-    from psframework.schemes.registry import get_scheme
 
     path = checkpoint.path
-    current = fingerprint(settings.config, get_scheme(settings.run.scheme).coded, meta_model(settings))
+    current = fingerprint(settings.config, meta_model(settings))
     differ = differences(checkpoint.fingerprint, current)
     if differ and not settings.run.resume_force:
         raise ConfigError(f"train.resume: checkpoint {path!r} was written with other settings: {'; '.join(differ)} "
