@@ -160,7 +160,7 @@ def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile
     candidates = setups(9, plan_names(), (2, 4, 8))
     assert all(s.ranks <= 9 for s in candidates) and {s.scheme for s in candidates} == {"ps", "stanza", "sazd", "ddp"}
     assert code_sizes(8) == [6, 7] and code_sizes(16) == [12, 14, 15]
-    predictions = rows(profile, cluster(), candidates)
+    predictions, _ = rows(profile, cluster(), candidates)
     rec = recommend(profile, cluster(), predictions)
     fastest = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
     ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
@@ -176,8 +176,22 @@ def test_the_plan_tries_what_fits_and_recommends_its_fastest_real_choice(profile
                                       "iteration_s", "images_per_s", "rank0_bytes"}
 
 
+def test_the_plan_leaves_out_only_setups_that_cannot_win(profile):
+    from psframework.plan.predict import predict, work_bound_s
+
+    crowded = cluster(hosts=1, cores_per_host=2.0, one_pool=True)  # many workers on one host's 2 cores
+    candidates = setups(34, plan_names(), (2, 4, 8, 16))
+    predictions, skipped = rows(profile, crowded, candidates)
+    assert skipped and len(predictions) + len(skipped) == len(candidates)
+    assert "ddp" in {p.setup.scheme for p in predictions}
+    best = min(p.iteration_s for p in predictions if p.setup.scheme != "ddp")
+    for setup in skipped[-3:]:  # the largest: replayed anyway, each is slower than the best, as its bound said
+        replayed = predict(profile, setup, crowded).iteration_s
+        assert work_bound_s(profile, setup, crowded) <= replayed * 1.05 and replayed > best
+
+
 def test_the_plan_says_stay_on_ddp_where_ddp_is_predicted_faster(profile):
-    predictions = rows(profile, cluster(), setups(9, plan_names(), (2, 4, 8)))
+    predictions, _ = rows(profile, cluster(), setups(9, plan_names(), (2, 4, 8)))
     best = max((p for p in predictions if p.setup.scheme != "ddp"), key=lambda p: p.images_per_s)
     ddp = max((p for p in predictions if p.setup.scheme == "ddp"), key=lambda p: p.images_per_s)
     slower = replace(ddp, iteration_s=best.iteration_s * 1.25)

@@ -8,12 +8,13 @@ baselines and oracles of the project and are not proposed.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from psframework.plan.cluster import Cluster
 from psframework.plan.graphs import DDP, Setup
-from psframework.plan.predict import Prediction, predict
+from psframework.plan.predict import Prediction, predict, work_bound_s
 from psframework.plan.profile import Profile
 from psframework.schemes.registry import Scheme, get_scheme, scheme_names
 
@@ -59,9 +60,37 @@ def setups(max_ranks: int, names: Sequence[str], counts: Sequence[int] = WORKER_
     return out
 
 
-def rows(profile: Profile, cluster: Cluster, candidates: Sequence[Setup]) -> List[Prediction]:
-    """Predict every candidate."""
-    return [predict(profile, setup, cluster) for setup in candidates]
+# A setup whose processor work alone, spread over its busiest pool's cores, takes this many times the best
+# iteration so far cannot win: it is not replayed (on one host, hundreds of workers share a few cores).
+PRUNE_MARGIN = 1.5
+
+
+PROGRESS_EVERY_S = 5.0
+
+
+def rows(profile: Profile, cluster: Cluster, candidates: Sequence[Setup],
+         say: Optional[Callable[[str], None]] = None) -> Tuple[List[Prediction], List[Setup]]:
+    """Predict every candidate that can win; return the predictions and the setups left out.
+
+    Candidates come fewest workers first, so a good best is known early. DDP is always predicted (the
+    baseline). `say` hears how far the predictions have got every PROGRESS_EVERY_S seconds.
+    """
+    predictions: List[Prediction] = []
+    skipped: List[Setup] = []
+    best = math.inf
+    told = time.monotonic()
+    for i, setup in enumerate(candidates):
+        if say is not None and time.monotonic() - told > PROGRESS_EVERY_S:
+            say(f"{i} of {len(candidates)} setups weighed ({len(skipped)} left out), now {setup.scheme} n={setup.n}")
+            told = time.monotonic()
+        if setup.scheme != DDP and work_bound_s(profile, setup, cluster) > PRUNE_MARGIN * best:
+            skipped.append(setup)
+            continue
+        p = predict(profile, setup, cluster)
+        predictions.append(p)
+        if setup.scheme != DDP:
+            best = min(best, p.iteration_s)
+    return predictions, skipped
 
 
 def row_json(p: Prediction) -> Dict[str, Any]:

@@ -194,7 +194,7 @@ def cluster_of(args: argparse.Namespace, profile: Profile) -> Cluster:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from psframework.plan.choose import WORKER_COUNTS, plan_names, recommend, row_json, rows, setups
+    from psframework.plan.choose import PRUNE_MARGIN, WORKER_COUNTS, plan_names, recommend, row_json, rows, setups
 
     known = plan_names()
     schemes = known if args.schemes is None else [s.strip() for s in args.schemes.split(",") if s.strip()]
@@ -210,7 +210,12 @@ def run_plan(args: argparse.Namespace) -> int:
     candidates = setups(max_ranks, schemes, counts)
     if not candidates:
         raise PlanError(f"--hosts: got {args.hosts}, expected room for a server and 2 workers at least")
-    predictions = rows(profile, cluster, candidates)
+    predictions, skipped = rows(profile, cluster, candidates, say=lambda t: print(f"{PROG}: {t}", file=sys.stderr,
+                                                                                  flush=True))
+    if skipped:
+        print(f"{PROG}: {len(skipped)} of {len(candidates)} setups not replayed: their processor work alone takes "
+              f"over {PRUNE_MARGIN}x the best iteration (the largest, {skipped[-1].scheme} n={skipped[-1].n})",
+              file=sys.stderr, flush=True)
     rec = recommend(profile, cluster, predictions)
     if args.plot:
         plot(predictions, args.plot, f"{settings.model.name}, batch {profile.batch}: {cluster.words()}")

@@ -42,7 +42,7 @@ def recommendations(profiles: Sequence[Profile]) -> List[str]:
         for link in LINKS:
             for straggler in STRAGGLERS:
                 c = cluster(profile, link, straggler)
-                rec = recommend(profile, c, rows(profile, c, setups(HOSTS, names, (4, 8, 16, 32))))
+                rec = recommend(profile, c, rows(profile, c, setups(HOSTS, names, (4, 8, 16, 32)))[0])
                 out.append(f"| {profile.model}, batch {profile.batch} ({head:.0%}) | {link} | {straggler} | "
                            f"{rec.reason} |")
     return out
@@ -83,6 +83,9 @@ def render(profiles: Sequence[Profile]) -> str:
              "docs/benchmarks/plan/profiles).",
              "- On your cluster, take your own profile first: `psf plan calibrate CONFIG` on one node (one rank, "
              "nothing else running), then `psf plan CONFIG --profile FILE --hosts N --link RATE`.",
+             "- A plan replays only the setups that can win: one whose processor work alone, over its busiest "
+             "pool's cores, takes over 1.5x the best iteration so far is left out (stderr says how many). A plan "
+             "that runs past 5 s says on stderr how far it has got.",
              "- How well the model predicts: [the model against measured runs](benchmarks/plan.md).", "",
              "## The real choices", "",
              "Three schemes are meant for training; psf plan proposes only them, with n, k, backup workers b, "

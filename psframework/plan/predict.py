@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Dict, Sequence
 
 from psframework.plan.cluster import STOP_GO_PERIOD_S, Cluster
 from psframework.plan.graphs import DDP, FLOAT, Builder, Setup
@@ -72,14 +72,35 @@ def predict(profile: Profile, setup: Setup, cluster: Cluster) -> Prediction:
     return _run(profile, setup, cluster, count, from_start=True)
 
 
-def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int, from_start: bool = False) -> Prediction:
-    """Replay `iterations` iterations; time them after the first (`from_start`: from the start, as a stop-go run
-    is timed over whole cycles)."""
+def _graph(profile: Profile, setup: Setup, cluster: Cluster, iterations: int):
+    """Return the graph of `iterations` iterations, the tasks that end them and the machine it runs on."""
     graph = Graph()
     skip = cluster.lagging_rank(setup) if cluster.straggler.kind != "none" else None
     collective = ring(profile, cluster, setup.ranks, tcp=setup.scheme == DDP)
     ends = Builder(profile, setup, collective, skip).build(graph, iterations)
-    machine = cluster.machine(setup, start_s=0.0)
+    return graph, ends, cluster.machine(setup, start_s=0.0)
+
+
+def work_bound_s(profile: Profile, setup: Setup, cluster: Cluster) -> float:
+    """Return a floor under the setup's seconds per iteration, without replaying it: the busiest pool's
+    processor work in one iteration (computations, both ends of each message) spread over its cores. A
+    stopped rank only delays its work, and the work a backup worker may skip is not in the graph."""
+    graph, _, machine = _graph(profile, setup, cluster, 1)
+    work: Dict[int, float] = {}
+    for t in graph.tasks:
+        if t.kind == COMPUTE:
+            work[machine.pool_of(t.rank)] = work.get(machine.pool_of(t.rank), 0.0) + t.work_s
+        elif t.kind == MESSAGE:
+            copy = machine.overhead_s + 0.5 * machine.cpu_s_per_byte(t.rank, t.dst) * t.nbytes
+            for rank in (t.rank, t.dst):
+                work[machine.pool_of(rank)] = work.get(machine.pool_of(rank), 0.0) + copy
+    return max(w / machine.cores(pool) for pool, w in work.items()) if work else 0.0
+
+
+def _run(profile: Profile, setup: Setup, cluster: Cluster, iterations: int, from_start: bool = False) -> Prediction:
+    """Replay `iterations` iterations; time them after the first (`from_start`: from the start, as a stop-go run
+    is timed over whole cycles)."""
+    graph, ends, machine = _graph(profile, setup, cluster, iterations)
     finish = simulate(graph, machine)
     times = [finish[e] for e in ends]
     if any(math.isnan(t) for t in times):

@@ -105,6 +105,23 @@ class _Pool:
         self.ranks, self.waiting = ranks, waiting
         self.running: Dict[int, float] = {}  # task -> virtual time at which it finishes
         self.version = 0
+        # The running tasks by finish, earliest first, ties in the order they started: every task advances
+        # alike in virtual time, so the order never changes. Entries of removed tasks are skipped lazily.
+        self._by_finish: List[Tuple[float, int, int]] = []
+        self._started: Dict[int, int] = {}  # task -> its entry's sequence number
+        self._sequence = 0
+
+    def add(self, task: int, finish: float) -> None:
+        """Start `task`, to finish at virtual time `finish`."""
+        self.running[task] = finish
+        self._sequence += 1
+        self._started[task] = self._sequence
+        heapq.heappush(self._by_finish, (finish, self._sequence, task))
+
+    def remove(self, task: int) -> float:
+        """Take `task` off the cores; return the virtual time at which it would have finished."""
+        del self._started[task]
+        return self.running.pop(task)
 
     def rate(self) -> float:
         if not self.running:
@@ -117,8 +134,11 @@ class _Pool:
         self.at = now
 
     def next_finish(self) -> Tuple[float, int]:
-        task = min(self.running, key=self.running.__getitem__)
-        return self.at + (self.running[task] - self.virtual) / self.rate(), task
+        heap = self._by_finish
+        while self._started.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        finish, _, task = heap[0]
+        return self.at + (finish - self.virtual) / self.rate(), task
 
 
 class _Network:
@@ -217,7 +237,7 @@ class Simulation:
                 self.now = time
                 pool.advance(time)
                 _, task = pool.next_finish()
-                del pool.running[task]
+                pool.remove(task)
                 pool.version += 1
                 self._reschedule(pool, -what - 1)
                 self._done_work(task)
@@ -263,7 +283,7 @@ class Simulation:
             pool = self.pools[index] = _Pool(self.machine.cores(index), ranks, self.machine.waiting_cpu)
             pool.at = self.now
         pool.advance(self.now)
-        pool.running[i] = pool.virtual + work_s
+        pool.add(i, pool.virtual + work_s)
         pool.version += 1
         self._reschedule(pool, index)
 
@@ -329,7 +349,7 @@ class Simulation:
             if pool is not None:
                 pool.advance(time)
                 for task in [t for t in pool.running if self.owner.get(t) == rank]:
-                    self.suspended[task] = pool.running.pop(task) - pool.virtual
+                    self.suspended[task] = pool.remove(task) - pool.virtual
                 pool.version += 1
                 self._reschedule(pool, index)
             nxt = time + stopped
