@@ -226,6 +226,8 @@ def psf_command_lines(text: str) -> List[List[str]]:
         words = shlex.split(line)
         if words[:1] == ["-n"]:  # psf-mpirun's rank count
             words = words[2:]
+        if words[:1] == ["--fit"]:  # the launcher's: train with the tasks the allocation has
+            words = words[1:]
         commands.append(words)
     return commands
 
@@ -257,7 +259,8 @@ def test_sbatch_templates_launch_psf_train_through_mpi4py(name):
     path = os.path.join(ROOT, "jobs", name)
     text = read("jobs", name)
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks" in text
-    assert 'exec python -m psframework.launch train "$@"' in text  # srun with the right plugin and -n
+    # srun with the right plugin and -n, fitting the workers to the tasks the allocation has
+    assert 'exec python -m psframework.launch --fit train "$@"' in text
     assert "#SBATCH --signal=USR2@120" in text and "#SBATCH --requeue" in text
     assert subprocess.run(["bash", "-n", path], capture_output=True, timeout=30).returncode == 0
     proc = subprocess.run(["bash", path], capture_output=True, text=True, timeout=30)  # no config given
