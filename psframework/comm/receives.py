@@ -11,6 +11,7 @@ is posted.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import AbstractSet, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
@@ -359,7 +360,7 @@ class Receives:
     def moving(self, sources: AbstractSet[int]) -> bool:
         """Return whether a payload from one of `sources` is on its way (its header is in, its receive posted)."""
         return any(s.state in (PAYLOAD, DISCARD, STASH) and s.source in sources
-                   for s in list(self.live.values()) + self._draining)
+                   for s in itertools.chain(self.live.values(), self._draining))
 
     def poll(self) -> None:
         """Advance every posted receive that can move now, without blocking."""

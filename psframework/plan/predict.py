@@ -14,7 +14,7 @@ from typing import Dict, Sequence
 from psframework.plan.cluster import STOP_GO_PERIOD_S, Cluster
 from psframework.plan.graphs import DDP, FLOAT, Builder, Setup
 from psframework.plan.profile import Profile
-from psframework.plan.sim import COMPUTE, MESSAGE, Graph, simulate
+from psframework.plan.sim import COMPUTE, MESSAGE, Graph, copy_s, simulate
 
 CALM_ITERATIONS = 3
 MAX_ITERATIONS = 400  # a stop-go replay's longest
@@ -88,12 +88,11 @@ def work_bound_s(profile: Profile, setup: Setup, cluster: Cluster) -> float:
     graph, _, machine = _graph(profile, setup, cluster, 1)
     work: Dict[int, float] = {}
     for t in graph.tasks:
-        if t.kind == COMPUTE:
-            work[machine.pool_of(t.rank)] = work.get(machine.pool_of(t.rank), 0.0) + t.work_s
-        elif t.kind == MESSAGE:
-            copy = machine.overhead_s + 0.5 * machine.cpu_s_per_byte(t.rank, t.dst) * t.nbytes
-            for rank in (t.rank, t.dst):
-                work[machine.pool_of(rank)] = work.get(machine.pool_of(rank), 0.0) + copy
+        spent = [(t.rank, t.work_s)] if t.kind == COMPUTE else \
+            [(t.rank, copy_s(machine, t)), (t.dst, copy_s(machine, t))] if t.kind == MESSAGE else []
+        for rank, seconds in spent:
+            pool = machine.pool_of(rank)
+            work[pool] = work.get(pool, 0.0) + seconds
     return max(w / machine.cores(pool) for pool, w in work.items()) if work else 0.0
 
 
@@ -122,7 +121,7 @@ def processor_time(graph: Graph, machine) -> float:
         if t.kind == COMPUTE:
             total += t.work_s
         elif t.kind == MESSAGE:
-            total += 2 * machine.overhead_s + machine.cpu_s_per_byte(t.rank, t.dst) * t.nbytes
+            total += 2 * copy_s(machine, t)
     return total
 
 

@@ -94,6 +94,11 @@ class Machine:
     slow: Optional[Tuple[int, float]] = None  # (rank, factor): that rank's work takes factor times longer
 
 
+def copy_s(machine: Machine, task: Task) -> float:
+    """Return the processor time a message costs at one of its ends (its sender's or its receiver's copy)."""
+    return machine.overhead_s + 0.5 * machine.cpu_s_per_byte(task.rank, task.dst) * task.nbytes
+
+
 class _Pool:
     """Processor sharing of one pool's cores, kept in virtual time (work done by each running task).
 
@@ -256,15 +261,11 @@ class Simulation:
             self._run_on_pool(i, task.rank, task.work_s)
         elif task.kind == MESSAGE:
             self.stage[i] = 0
-            self._run_on_pool(i, task.rank, self._copy_s(task), owner=-1)
+            self._run_on_pool(i, task.rank, copy_s(self.machine, task), owner=-1)
         elif task.kind == DELAY:
             self._push(self.now + task.work_s, i, 0)
         else:
             self._finish(i)
-
-    def _copy_s(self, task: Task) -> float:
-        m = self.machine
-        return m.overhead_s + 0.5 * m.cpu_s_per_byte(task.rank, task.dst) * task.nbytes
 
     def _run_on_pool(self, i: int, rank: int, work_s: float, owner: Optional[int] = None) -> None:
         if work_s <= 0.0:
@@ -301,7 +302,7 @@ class Simulation:
         if self.stage[i] == 1:
             self._cross(i, task)
         elif self.stage[i] == 2:
-            self._run_on_pool(i, task.dst, self._copy_s(task), owner=-1)
+            self._run_on_pool(i, task.dst, copy_s(self.machine, task), owner=-1)
         else:
             self._finish(i)
 
