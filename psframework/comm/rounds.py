@@ -17,6 +17,10 @@ import numpy as np
 
 from .envelope import Envelope, Kind, Phase
 
+# Rank 0 waits this many watchdog timeouts for every worker's set-up (imports, data, model): ranks that
+# share a loaded node start slowly, and a slow start is not a silent worker.
+SETUP_PATIENCE = 4.0
+
 
 def probe_fields(envelope: Envelope) -> Tuple[int, int, int]:
     """Return (kind, layer, phase): what a probe matches on."""

@@ -15,7 +15,7 @@ import numpy as np
 from .envelope import Envelope, Kind
 from .errors import WatchdogTimeout
 from .membership import Membership, Roster
-from .rounds import Msg, Replies, WorkerReport, cpu_per_iteration, probe_fields, rotating_subsets
+from .rounds import SETUP_PATIENCE, Msg, Replies, WorkerReport, cpu_per_iteration, probe_fields, rotating_subsets
 from .timeline import TIMELINE
 
 
@@ -108,7 +108,9 @@ class MPIServerLink:
         to the detach rule once the others had run `detach_after` iterations without it.
         """
         try:
-            self.transport.post_gather(self.workers, Msg.started(start), None).wait(self.n)
+            timeout = self.transport.resolve_timeout()
+            patience = None if timeout is None else SETUP_PATIENCE * timeout
+            self.transport.post_gather(self.workers, Msg.started(start), None).wait(self.n, timeout_s=patience)
         except WatchdogTimeout as exc:
             raise WatchdogTimeout(exc.ranks, "their set-up before the first iteration", exc.timeout_s, exc.arrived,
                                   exc.needed) from None

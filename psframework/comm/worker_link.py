@@ -18,7 +18,7 @@ from .envelope import Envelope
 from .errors import WatchdogTimeout
 from .relay import PacketRelay, RelayedPackets
 from .roles import Roles
-from .rounds import Detached, Msg, StopEarly, WorkerReport
+from .rounds import SETUP_PATIENCE, Detached, Msg, StopEarly, WorkerReport
 
 
 class MPIWorkerLink:
@@ -46,6 +46,9 @@ class MPIWorkerLink:
         # that fires first is rank 0's, which names the workers that are really silent.
         timeout = transport.resolve_timeout()
         self.timeout_s = None if timeout is None else patience * timeout
+        # The first command waits on rank 0's set-up wait too (SETUP_PATIENCE), then the usual patience.
+        self.first_timeout_s = None if timeout is None else (SETUP_PATIENCE + patience) * timeout
+        self.awaiting_first = False
         self.snapshot: Optional[Callable[[], Any]] = None  # the scheme's state, for a readmission elsewhere
         self.progress_thread: Any = None  # drives the MPI while this worker computes, if any
 
@@ -88,10 +91,13 @@ class MPIWorkerLink:
     def started(self, start: int) -> None:
         """Tell the server that this worker is ready for the iteration after `start`."""
         self.transport.isend(self.server, np.zeros(1), Msg.started(start))
+        self.awaiting_first = True
 
     def take(self, envelope: Envelope) -> Any:
         """Wait for a server message and return its tensor."""
-        return self.inbox.take(envelope, self.timeout_s, partial(self.serve, envelope.iteration))
+        timeout_s = self.first_timeout_s if self.awaiting_first else self.timeout_s
+        self.awaiting_first = False
+        return self.inbox.take(envelope, timeout_s, partial(self.serve, envelope.iteration))
 
     def has(self, envelope: Envelope) -> bool:
         """Return whether a server message has arrived."""
