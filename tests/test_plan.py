@@ -266,3 +266,35 @@ def test_the_validation_report_renders_errors_rankings_and_the_terms_it_misses()
     assert "median absolute error 5.0% (within the 10% bound), worst 50.0% (NOT within the 25% bound)" in text
     assert "m: c (-50%): the pieces' cost: processor time 200 ms predicted, 400 ms measured" in text
     assert "| 4 | 200.0 | 200.0 (1.00) |" in text
+
+
+class KilledAtProgress:
+    """A stderr that takes the process down (as a kill would) at the first progress line."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        if " setups weighed " in text:
+            raise KeyboardInterrupt
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_long_plan_says_how_far_it_has_got_and_a_killed_one_leaves_no_json(monkeypatch, capsys):
+    """The slowest plan of its issue: progress on stderr as it goes, and nothing on stdout but the whole JSON."""
+    from psframework.cli import main
+    from psframework.plan import choose
+
+    monkeypatch.setattr(choose, "PROGRESS_EVERY_S", 0.0)
+    stderr = KilledAtProgress()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with pytest.raises(KeyboardInterrupt):
+        main(["plan", os.path.join(ROOT, "configs", "bench_sazd.yaml"), "code.n=6", "code.k=4",
+              "comm.emulate.bandwidth_gbps=null", "comm.emulate.latency_us=0", "--hosts", "1", "--link", "10gbit",
+              "--cores-per-host", "2", "--json"])
+    assert "psf plan: 0 of 190 setups weighed (0 left out), now ps n=2" in stderr.text
+    assert capsys.readouterr().out == ""
