@@ -96,7 +96,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from psframework.schemes.entry import train
 
     from psframework.comm.errors import TooFewWorkers, WatchdogTimeout
-    from psframework.runtime.node import RANK_LOSS
+    from psframework.runtime.node import RANK_LOSS, leave_word_of_loss
     from psframework.runtime.preempt import Preempted
     from psframework.schemes.startup import RunEnds
 
@@ -119,6 +119,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                            EXIT_FAILURE)
     if RANK_LOSS():
         # A rank of the job died: MPI_Finalize would wait for it for ever, so leave without it.
+        if rank == 0:
+            leave_word_of_loss(RANK_LOSS)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

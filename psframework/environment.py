@@ -19,6 +19,9 @@ MPI_INIT_TIMEOUT = "PSF_MPI_INIT_TIMEOUT_S"  # longest wait for MPI_Init before 
 TERMINAL = "PSF_TERMINAL"  # 1: the launcher's output goes to a terminal (the ranks see only pipes)
 REQUEUE = "PSF_REQUEUE"  # 0: a preempted Slurm job is not requeued (it stops with its checkpoint)
 REQUEUE_REQUEST = "PSF_REQUEUE_REQUEST"  # the file where psframework.launch wants rank 0's requeue request
+NOTICE_PID = "PSF_NOTICE_PID"  # the file where rank 0 leaves its process id for psframework.launch's notices
+LOST_RANKS = "PSF_LOST_RANKS"  # the file where psframework.launch wants the ranks a finished run went on without
+FAULT_TOLERANT = "PSF_FAULT_TOLERANT"  # 0: launch without the safeguards that let training outlive a dead worker
 SWEEP_POINT = "PSF_SWEEP_POINT"  # the point of a sweep index that `psf train runs/SWEEP/sweep.json` trains
 ARRAY_TASK = "SLURM_ARRAY_TASK_ID"  # a job array task's number: the sweep point when PSF_SWEEP_POINT is unset
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -114,6 +117,21 @@ def requeue_allowed(environ: Optional[Mapping[str, str]] = None) -> bool:
 def requeue_request(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Return PSF_REQUEUE_REQUEST, the file psframework.launch reads a requeue request from, or None."""
     return get(REQUEUE_REQUEST, environ)
+
+
+def notice_pid_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Return PSF_NOTICE_PID, the file where rank 0 leaves its process id for psframework.launch, or None."""
+    return get(NOTICE_PID, environ)
+
+
+def lost_ranks_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Return PSF_LOST_RANKS, the file psframework.launch reads the ranks a finished run went on without from."""
+    return get(LOST_RANKS, environ)
+
+
+def fault_tolerant(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Return whether PSF_FAULT_TOLERANT lets training outlive a worker that dies (anything but 0; default yes)."""
+    return get(FAULT_TOLERANT, environ) != "0"
 
 
 def sweep_point(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+import time
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from psframework import environment
 
@@ -209,6 +211,9 @@ def srun_command(psf_args: Sequence[str], ntasks: Optional[int], env: Mapping[st
         argv.append(f"--mpi={plugin}")
     if ntasks:
         argv += ["-n", str(ntasks)]
+    if environment.fault_tolerant(env):
+        # A worker that dies must not end the step (a site may set KillOnBadExit=1): the rest train on.
+        argv.append("--kill-on-bad-exit=0")
     argv += cpu_binding(env) + shlex.split(env.get("PSF_SRUN_ARGS", ""))
     return argv + [sys.executable, "-m", "mpi4py", "-m", "psframework"] + args
 
@@ -260,26 +265,87 @@ PASSED_ON = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
 
 
 def run_step(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run the srun step; requeue the job once it has ended if rank 0 asked to; return srun's status.
+    """Run the srun step; requeue the job once it has ended if rank 0 asked to; return the run's status.
 
     A requeue from inside the step would make Slurm kill the step while its ranks still finish, and
     the requeued job, whose first step has the same id, could start while the old one is torn down.
+    A run that finished without a dead worker ends with 0, not with the dead rank's status (`finished`).
     """
-    from psframework.runtime.preempt import REQUEUE_REQUEST, requeue
+    from psframework.runtime.preempt import requeue
 
     folder = tempfile.mkdtemp(prefix="psf-launch-")
-    request = os.path.join(folder, "requeue")
+    request, lost, pid = (os.path.join(folder, name) for name in ("requeue", "lost", "rank0.pid"))
     caught = {name: signal.signal(getattr(signal, name), lambda *_: None) for name in PASSED_ON}
     try:
-        status = subprocess.run(list(command), env={**env, REQUEUE_REQUEST: request}).returncode
+        step_env = {**env, environment.REQUEUE_REQUEST: request, environment.LOST_RANKS: lost,
+                    environment.NOTICE_PID: pid}
+        step = subprocess.Popen(list(command), env=step_env, stderr=subprocess.PIPE, text=True, bufsize=1)
+        watch_task_ends(step.stderr, pid, lambda: end_step(step))
+        status = step.wait()
     finally:
         for name, handler in caught.items():
             signal.signal(getattr(signal, name), handler)
     if os.path.exists(request):
         print(f"psf: every rank has exited: requeueing Slurm job {open(request).read().strip()}", flush=True)
-        print(f"psf: {requeue({k: v for k, v in env.items() if k != REQUEUE_REQUEST})}", flush=True)
+        print(f"psf: {requeue({k: v for k, v in env.items() if k != environment.REQUEUE_REQUEST})}", flush=True)
+    status = status if status >= 0 else 128 - status  # srun ended by a signal: as a shell reports it
+    status = finished(status, lost)
     shutil.rmtree(folder, ignore_errors=True)
-    return status if status >= 0 else 128 - status  # srun ended by a signal: as a shell reports it
+    return status
+
+
+# srun's line for tasks that ended before the step: "srun: error: NODE: task(s) 2,5-7: Killed"
+TASK_ENDED = re.compile(r"^srun: error: [^:]+: tasks? ([0-9,-]+): ")
+
+
+def watch_task_ends(lines: Iterable[str], pid_file: str, rank0_ended: Callable[[], None]) -> None:
+    """Pass srun's standard error on; tell rank 0 (SIGUSR1) when srun reports that another task ended.
+
+    It is the notice hydra gives under -disable-auto-cleanup (runtime.node.RankLossNotice): no MPI
+    tells every rank reliably that a peer died, but srun sees each of its tasks end. When rank 0
+    itself ends before the step (`rank0_ended`), the run is over: the other ranks must not wait for it.
+    """
+    for line in lines:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        ended = TASK_ENDED.match(line)
+        tasks = task_numbers(ended.group(1)) if ended else []
+        if 0 in tasks:
+            rank0_ended()
+        if any(task != 0 for task in tasks) and os.path.exists(pid_file):
+            try:
+                os.kill(int(open(pid_file).read()), signal.SIGUSR1)
+            except (OSError, ValueError):
+                pass  # rank 0 has gone too
+
+
+def end_step(step: subprocess.Popen) -> None:
+    """Abort an srun step (srun aborts it on a second interrupt within a second)."""
+    for _ in range(2):
+        if step.poll() is None:
+            step.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+
+
+def task_numbers(ranges: str) -> List[int]:
+    """Return the task numbers of srun's list of ranges ("0-1,3" -> [0, 1, 3])."""
+    numbers: List[int] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        numbers += range(int(low), int(high or low) + 1)
+    return numbers
+
+
+def finished(status: int, lost: str) -> int:
+    """Return the run's status from srun's: 0 where rank 0 finished the run without ranks that died (it left
+    their numbers in the file `lost`), else srun's own."""
+    if status == 0 or not os.path.exists(lost):
+        return status
+    with open(lost) as f:
+        ranks = f.read().split()
+    print(f"psf: srun ended with status {status}: rank(s) {', '.join(ranks)} died and the run finished without "
+          "them (summary.json: lost_workers)", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -85,3 +86,43 @@ def job_environment() -> Dict[str, str]:
     env.pop("SLURM_JOB_ID", None)
     env["PSF_MPI_INIT_TIMEOUT_S"] = "120"  # a start-up that hangs fails the job with a traceback
     return env
+
+
+def rank_pid(job: str, rank: int) -> Optional[int]:
+    """Return the process id of rank `rank` of a Slurm job's training step (None while it has not started)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if (b"mpi4py" in argv and f"SLURM_JOB_ID={job}".encode() in environ
+                and f"SLURM_PROCID={rank}".encode() in environ):
+            return int(entry)
+    return None
+
+
+def kill_rank_once_training(job: str, rank: int, partial, rows: int, timeout_s: float, log) -> None:
+    """SIGKILL a rank of the job once its run has written `rows` metrics rows (`partial`)."""
+    deadline = time.monotonic() + timeout_s
+    while not partial.exists() or len(partial.read_text().splitlines()) < rows:
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.05)
+    pid = rank_pid(job, rank)
+    assert pid is not None, f"no process of rank {rank} of job {job}"
+    os.kill(pid, signal.SIGKILL)
+
+
+def assert_finished_without(record: Dict[str, str], log: str, run_dir, rank: int, iterations: int) -> None:
+    """Check that a job whose rank was killed completed with exit 0 and that its summary names the rank."""
+    import json
+
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", log
+    assert f"rank(s) {rank} died and the run finished without them" in log and "psf: done:" in log, log
+    assert log.count("psf: error") == 0, log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["lost_workers"] == [rank] and summary["iterations"] == iterations, summary

@@ -274,3 +274,65 @@ def test_a_documented_command_line_checks(page, ranks, rest, tmp_path, monkeypat
             argv += ["--world-size", str(ranks)]
     status = cli.main(argv)
     assert status == 0, f"{page}: psf {' '.join(argv)}: {capsys.readouterr().err}"
+
+
+# ---------------------------------------------------------------- what the pages recommend, against docs/choosing.md
+
+SCHEMES = ("sazd", "stanza", "ps", "poly", "uncoded", "naive")
+# How pages name a model of the choosing table: the family word a sentence uses (vgg-small, VGG, ResNets, ...).
+FAMILIES = {"vgg": "vgg-small", "lenet": "lenet5", "resnet": "resnet20"}
+RECOMMENDS = re.compile(r"recommend|should use|should run|is best|suits|pays off", re.IGNORECASE)
+
+
+def choosing_table(text: str) -> dict:
+    """Return {model: schemes recommended for it} from the generated table of docs/choosing.md."""
+    found: dict = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not re.match(r"[\w-]+, batch \d+", cells[0]):
+            continue
+        said = cells[3]
+        scheme = "ddp" if said.startswith("stay on DDP") else said.split()[0]
+        found.setdefault(cells[0].split(",")[0], set()).add(scheme)
+    return found
+
+
+def recommendation_claims(text: str) -> Iterator[Tuple[str, set, set]]:
+    """Yield (model, schemes said to suit it, schemes said not to) of every sentence that recommends a scheme
+    for a model of the choosing table."""
+    for sentence in re.split(r"(?<=[.;:])\s+|\n\s*\n", text):
+        if not RECOMMENDS.search(sentence):
+            continue
+        for family, model in FAMILIES.items():
+            if family not in sentence.lower():
+                continue
+            yes, _, no = sentence.partition(", not ")
+            named = lambda part: {s for s in re.findall(r"`(\w+)`", part) if s in SCHEMES}  # noqa: E731
+            if named(yes) or named(no):
+                yield model, named(yes), named(no)
+
+
+def disagreements(page: str, text: str, table: dict) -> List[str]:
+    """Return what a page recommends for a model that the choosing table contradicts."""
+    wrong = []
+    for model, yes, no in recommendation_claims(text):
+        chosen = table.get(model, set())
+        if yes - chosen or no & chosen:
+            wrong.append(f"{page}: for {model} it says {sorted(yes)} and not {sorted(no)}; docs/choosing.md "
+                         f"recommends {sorted(chosen)}")
+    return wrong
+
+
+def test_every_page_recommends_for_a_model_what_the_choosing_table_does():
+    table = choosing_table(read("docs/choosing.md"))
+    assert set(table) == {"vgg-small", "lenet5", "resnet20"} and table["resnet20"] >= {"stanza", "ps"}, table
+    # The contradiction this test was written for is found, and a sentence that agrees passes.
+    assert disagreements("x", "ResNets should use `sazd` or `ps`, not `stanza`.", table)
+    assert not disagreements("x", "For resnet20, `psf plan` recommends `stanza`.", table)
+    pages = [p for p in user_pages() + ["docs/quickstart.md"] if os.path.isfile(os.path.join(ROOT, p))]
+    wrong = [w for page in dict.fromkeys(pages) if page != "docs/choosing.md"
+             for w in disagreements(page, read(page), table)]
+    assert not wrong, "\n".join(wrong)
+    # The page's own closing words: a scheme it says no row recommends is in no row.
+    for scheme in re.findall(r"No row recommends (\w+)", read("docs/choosing.md")):
+        assert all(scheme not in chosen for chosen in table.values()), scheme

@@ -69,6 +69,9 @@ def test_the_requeue_switch_and_the_sweep_point_are_read_here():
     assert environment.requeue_allowed({}) and environment.requeue_allowed({"PSF_REQUEUE": "1"})
     assert not environment.requeue_allowed({"PSF_REQUEUE": " 0 "})
     assert environment.requeue_request({"PSF_REQUEUE_REQUEST": "/tmp/x/requeue"}) == "/tmp/x/requeue"
+    assert environment.lost_ranks_file({"PSF_LOST_RANKS": "/tmp/x/lost"}) == "/tmp/x/lost"
+    assert environment.notice_pid_file({}) is None and environment.notice_pid_file({"PSF_NOTICE_PID": "/p"}) == "/p"
+    assert environment.fault_tolerant({}) and not environment.fault_tolerant({"PSF_FAULT_TOLERANT": "0"})
     assert environment.sweep_point({}) is None and environment.sweep_point({"PSF_SWEEP_POINT": ""}) is None
     assert environment.sweep_point({"SLURM_ARRAY_TASK_ID": "3"}) == "3"
     assert environment.sweep_point({"PSF_SWEEP_POINT": "1", "SLURM_ARRAY_TASK_ID": "3"}) == "1"

@@ -23,7 +23,7 @@ import torch
 from netclusterutil import NETCLUSTER, ROOT, cluster, leftovers, netcluster
 from psframework.netcluster import cli, hosts, jobs, slurm
 from psframework.netcluster.hosts import Cluster, ClusterError
-from slurmutil import FINAL_STATES, job_environment
+from slurmutil import FINAL_STATES, job_environment, kill_rank_once_training
 
 # One core per rank: the nodes declare 32 CPUs, and ranks with several threads each on the machine's
 # 2 cores spin against each other (an iteration took about 20 times as long with two threads per rank).
@@ -225,6 +225,26 @@ def test_the_gpu_template_runs_on_nodes_without_gpus_with_device_cpu(five_nodes,
     assert [row[1] for row in doctor] == on_nodes and all(row[10] == "cpu" for row in doctor), log  # psf doctor
     summary = json.loads((tmp_path / "digits_sazd" / "summary.json").read_text())
     assert summary["hosts"] == on_nodes and summary["iterations"] == 10 and summary["k"] == 2
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+def test_a_multi_node_job_whose_worker_is_killed_on_its_own_host_ends_with_one_error_line(five_nodes, tmp_path):
+    """SIGKILL worker rank 2, alone on host 2. MPICH over OFI's TCP provider retries a send to the dead rank
+    for ever inside MPI_Isend, so rank 0 cannot train on: once it has started no iteration for
+    SETUP_PATIENCE x comm.timeout_s after srun reported the death, it ends the job with one error line."""
+    job = submit(five_nodes, tmp_path, "--nodes=5", ONE_CORE, "jobs/multi-node.sbatch", "configs/digits_sazd.yaml",
+                 "comm.timeout_s=5", "train.max_iterations=600", "train.epochs=100", "train.eval_every=0",
+                 "output.progress=lines", f"output.dir={tmp_path}", "name=killed")
+    out = tmp_path / f"psf-{job}.out"
+    kill_rank_once_training(job, 2, tmp_path / "killed" / "metrics.jsonl.partial", 100, 240, out)
+    killed = time.monotonic()
+    found = wait_for(five_nodes, job, 120)
+    log = out.read_text()
+    assert found["JobState"] == "FAILED" and time.monotonic() - killed < 90, log
+    stalled = "psf: error: rank 0: no iteration started for 20 s after a rank of the job died"
+    assert log.count("psf: error") == 1 and stalled in log, log
 
 
 def rows(run_dir) -> list:

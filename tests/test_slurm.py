@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from mpiutil import describe, run_psf
-from slurmutil import ROOT, job_environment, require_slurm, sbatch, wait_for
+from slurmutil import (ROOT, assert_finished_without, job_environment, kill_rank_once_training, require_slurm, sbatch,
+                       wait_for)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 TEMPLATE = os.path.join("jobs", "single-node.sbatch")
@@ -38,6 +39,25 @@ def test_the_single_node_template_trains_under_sbatch(tmp_path):
     summary = json.loads((tmp_path / "digits_sazd" / "summary.json").read_text())
     assert summary["world_size"] == 5 and summary["iterations"] == 44 and summary["final_test_accuracy"] > 0
     assert "psf: done:" in log and "psf: error" not in log
+
+
+# Long enough for rank 0 to detach the dead worker and train on: a detach follows within a few dozen iterations.
+KILLED_RUN = ["train.max_iterations=600", "train.epochs=100", "train.eval_every=0", "output.progress=lines"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config,extra", [("configs/digits_sazd.yaml", []),
+                                          ("configs/digits_ps.yaml", ["train.backup_workers=1"])],
+                         ids=["sazd", "ps-backup"])
+def test_a_job_whose_worker_is_killed_trains_on_and_completes_with_exit_0(tmp_path, config, extra):
+    """SIGKILL worker rank 2 mid-run: srun reports the task's end, the launcher tells rank 0, which trains on
+    without it (sazd decodes from the other k, ps takes the first n - 1), and the job ends with exit 0."""
+    job = sbatch([f"--output={tmp_path}/psf-%j.out", TEMPLATE, config, *extra, *KILLED_RUN, f"output.dir={tmp_path}",
+                  "name=killed"], job_environment())
+    out = tmp_path / f"psf-{job}.out"
+    kill_rank_once_training(job, 2, tmp_path / "killed" / "metrics.jsonl.partial", 100, 200, out)
+    record, = wait_for(job, 200)
+    assert_finished_without(record, out.read_text(), tmp_path / "killed", 2, 600)
 
 
 REQUEUES = 5

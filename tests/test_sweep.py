@@ -121,9 +121,40 @@ def test_srun_gets_the_plugin_of_mpi4pys_mpi_the_configs_task_count_and_binding_
     monkeypatch.setenv("PATH", "/nonexistent")  # no srun, no scontrol: the plugin is not checked, no binding
     command = srun_command(["train", SAZD], None, {"SLURM_NTASKS": "5"})
     assert command[:4] == ["srun", "--mpi=pmi2", "-n", "5"] and command[-3:] == ["psframework", "train", SAZD]
+    assert "--kill-on-bad-exit=0" in command  # a dead worker does not end the step
+    assert "--kill-on-bad-exit=0" not in srun_command(["train", SAZD], None, {"PSF_FAULT_TOLERANT": "0"})
     with pytest.raises(LaunchError, match="needs 5 ranks but the Slurm allocation has 4 tasks"):
         srun_command(["train", SAZD], None, {"SLURM_NTASKS": "4"})
     fitted = srun_command(["train", SAZD], None, {"SLURM_NTASKS": "4"}, fit=True)  # requeued onto fewer nodes
     assert fitted[2:4] == ["-n", "4"] and fitted[-2:] == ["code.n=3", "code.k=2"]
     with pytest.raises(LaunchError, match="has 1 tasks .SLURM_NTASKS., too few for 1 server.s. with 2 or more"):
         srun_command(["train", SAZD], None, {"SLURM_NTASKS": "1"}, fit=True)
+
+
+def test_the_launcher_tells_rank_0_when_srun_reports_a_task_ended_and_a_run_finished_without_it_ends_with_0(
+        tmp_path, capsys):
+    import signal
+
+    from psframework.launch import finished, task_numbers, watch_task_ends
+
+    assert task_numbers("0-1,3,5-6") == [0, 1, 3, 5, 6] and task_numbers("2") == [2]
+    notices = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: notices.append(1))
+    try:
+        pid, ended = tmp_path / "rank0.pid", []
+        watch_task_ends(["srun: error: vm: task 2: Killed\n"], str(pid), lambda: ended.append(0))  # no pid yet
+        pid.write_text(str(os.getpid()))
+        watch_task_ends(["psf: done\n", "srun: error: vm: task 0: Exited with exit code 1\n"], str(pid),
+                        lambda: ended.append(0))
+        assert notices == [] and ended == [0]  # rank 0 itself, or no task, ended: the step is ended
+        watch_task_ends(["srun: error: node-3: tasks 1,4-5: Killed\n"], str(pid), lambda: ended.append(0))
+        assert notices == [1] and ended == [0]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert "srun: error: node-3: tasks 1,4-5: Killed" in capsys.readouterr().err  # passed on
+    lost = tmp_path / "lost"
+    assert finished(137, str(lost)) == 137 and finished(0, str(lost)) == 0  # rank 0 left no word
+    lost.write_text("2")
+    assert finished(137, str(lost)) == 0
+    said = capsys.readouterr().out
+    assert "psf: srun ended with status 137: rank(s) 2 died and the run finished without them" in said

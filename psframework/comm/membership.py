@@ -47,15 +47,42 @@ class Membership:
                 return
 
 
+class RankLoss:
+    """Whether a rank of the job died, and the ranks in the job a run finished without (where known).
+
+    A rank that knows leaves without MPI_Finalize, which would wait for the dead one for ever. Rank 0
+    notes what its rounds learn (the MPI reports a worker failed, or a worker never answers the stop)
+    and its stop message tells the workers, as no process manager does under srun.
+    """
+
+    def __init__(self) -> None:
+        self.noticed = False
+        self.ranks: List[int] = []
+        self.last_beat = time.monotonic()  # when rank 0 last started an iteration
+        self.stall_s: Optional[float] = None  # how long rank 0 may go without one once a rank died (None: for ever)
+
+    def note(self, ranks: Sequence[int] = ()) -> None:
+        """Take a rank's death as known here, with the ranks the run finished without (if known)."""
+        self.noticed = True
+        self.ranks = sorted(set(self.ranks) | set(ranks))
+
+    def beat(self) -> None:
+        """Say that rank 0 has started an iteration: it is not stuck."""
+        self.last_beat = time.monotonic()
+
+    def __call__(self) -> bool:
+        return self.noticed
+
+
 class Roster:
     """Rank 0's workers as its rounds see them: detached, readmitted, lost (see the module's docstring).
 
-    `index` is {worker rank: packet index}, `say` prints a line, `rank_died` says whether the process
-    manager said that a rank of the job died.
+    `index` is {worker rank: packet index}, `say` prints a line, `rank_died` says whether a rank of the
+    job died (told by the process manager, or noted here when the MPI reports a worker failed).
     """
 
     def __init__(self, transport: Any, workers: Sequence[int], members: Membership, index: Dict[int, int],
-                 say: Callable[[str], None], rank_died: Callable[[], bool]) -> None:
+                 say: Callable[[str], None], rank_died: RankLoss) -> None:
         self.transport = transport
         self.workers = workers
         self.members = members
@@ -74,6 +101,7 @@ class Roster:
         """Readmit the detached workers that asked to rejoin (`readmit`: an optimizer step starts here), waiting
         for one while too few are live."""
         self.iteration = iteration
+        self.rank_died.beat()
         self.started[iteration] = time.monotonic()
         self.started.pop(iteration - (self.members.detach_after or 0) - 1, None)
         self.note_failures()
@@ -95,6 +123,7 @@ class Roster:
         """Take every worker the MPI reports failed as lost: left out from now on (said once per rank)."""
         for rank in sorted(r for r in self.transport.failed if r in self._index and r not in self.members.lost):
             self.members.lost.append(rank)
+            self.rank_died.note(self.transport.named([rank]))
             if rank not in self.members.detached:
                 self.members.detached[rank] = self.iteration
                 self.members.record(rank, detached_at=self.iteration)

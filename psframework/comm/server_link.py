@@ -14,7 +14,7 @@ import numpy as np
 
 from .envelope import Envelope, Kind
 from .errors import WatchdogTimeout
-from .membership import Membership, Roster
+from .membership import Membership, RankLoss, Roster
 from .rounds import SETUP_PATIENCE, Msg, Replies, WorkerReport, cpu_per_iteration, probe_fields, rotating_subsets
 from .timeline import TIMELINE
 
@@ -51,7 +51,7 @@ class MPIServerLink:
 
     def __init__(self, transport: Any, workers: Sequence[int], roles: Any = None, emulation: Any = None,
                  detach_after: Optional[int] = 2, say: Callable[[str], None] = print,
-                 lost: Callable[[], bool] = lambda: False, detach_after_s: float = 1.0) -> None:
+                 lost: Optional[RankLoss] = None, detach_after_s: float = 1.0) -> None:
         self.transport = transport
         self.workers = list(workers)
         self.n = len(self.workers)
@@ -61,8 +61,8 @@ class MPIServerLink:
         self.subsets: Optional[Iterator[tuple]] = None
         self.members = Membership(detach_after, detach_after_s)
         self.say = say
-        self.rank_died = lost  # whether the process manager said that a rank of the job died
-        self.roster = Roster(transport, self.workers, self.members, self._index, say, lost)
+        self.rank_died = lost or RankLoss()  # whether a rank of the job died (told, or seen by the rounds)
+        self.roster = Roster(transport, self.workers, self.members, self._index, say, self.rank_died)
 
     @property
     def job_workers(self) -> Sequence[int]:
@@ -223,8 +223,10 @@ class MPIServerLink:
         self.roster.note_failures()
         ranks = [r for r in self.workers if r not in self.members.lost]
         gather = self.transport.post_gather(ranks, Msg.stop(total))
+        # The stop says whether a rank died: the workers then leave without MPI_Finalize (see RankLoss).
+        died = np.array([float(self.rank_died())])
         for rank in ranks:
-            self.transport.isend(rank, np.zeros(1, np.float64), Msg.stop(total), urgent=rank in self.members.detached)
+            self.transport.isend(rank, died, Msg.stop(total), urgent=rank in self.members.detached)
         reports = gather.wait_within(STOP_GRACE_S, keep=True)
         if len(reports) < len(ranks) and not self.rank_died():
             reports = gather.wait(len(ranks)).data  # the watchdog names whoever stays silent
@@ -236,6 +238,7 @@ class MPIServerLink:
         self.members.lost += silent
         if self.members.lost:
             lost = self.transport.named(sorted(self.members.lost))
+            self.rank_died.note(lost)
             self.say(f"psf: the run finished without rank(s) {', '.join(map(str, lost))}")
         for rank, detached_at in self.members.detached.items():  # take the rejoin requests no one will answer
             if rank in reports and self.transport.has_message(rank, *probe_fields(Msg.rejoin(0))):

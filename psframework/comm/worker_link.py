@@ -16,6 +16,7 @@ import numpy as np
 
 from .envelope import Envelope
 from .errors import WatchdogTimeout
+from .membership import RankLoss
 from .relay import PacketRelay, RelayedPackets
 from .roles import Roles
 from .rounds import SETUP_PATIENCE, Detached, Msg, StopEarly, WorkerReport
@@ -29,8 +30,10 @@ class MPIWorkerLink:
     """
 
     def __init__(self, transport: Any, roles: Roles, peers: Any = None, server: int = 0,
-                 patience: float = 2.0, across: Any = None, all_workers: Any = None) -> None:
+                 patience: float = 2.0, across: Any = None, all_workers: Any = None,
+                 lost: Optional[RankLoss] = None) -> None:
         self.transport = transport
+        self.lost = lost or RankLoss()  # whether a rank of the job died: the server's stop message says so
         self.roles = roles
         # The relay of server packets to the other workers, over `peers` (the workers' own transport), if any.
         self.relay = None if peers is None else PacketRelay(peers)
@@ -236,7 +239,8 @@ class MPIWorkerLink:
         """
         held = self.inbox.iterations(Msg.stop(0))
         total = held[0] if held else total
-        self.inbox.take(Msg.stop(total), self.timeout_s, self.progress)
+        if self.inbox.take(Msg.stop(total), self.timeout_s, self.progress)[0] > 0:
+            self.lost.note()
         self.transport.send(self.server, self.report.vector(), Msg.stop(total))
         for early in self.inbox.iterations(Msg.stop_early(0)):
             self.inbox.take(Msg.stop_early(early))

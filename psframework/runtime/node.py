@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
+from psframework.comm.membership import RankLoss
+from psframework.fileio import atomic_write_text
 from psframework.runtime.transport_settings import TransportSettings
 
 if TYPE_CHECKING:  # the transport needs mpi4py: it is imported when a node starts
@@ -54,16 +58,23 @@ class Node:
                 "server_send_delay_s": hook.delayed_s}
 
 
-class RankLossNotice:
-    """Whether the process manager has said that a rank of this job died.
+class RankLossNotice(RankLoss):
+    """Whether a rank of this job died: told by the process manager, or noted by the rounds.
 
     MPICH's hydra, under `-disable-auto-cleanup`, sends every other rank SIGUSR1 when one dies
     (whose default action would end them too); the notice is all a rank learns: which rank died
-    shows in who stops answering.
+    shows in who stops answering. Under srun, psframework.launch sends rank 0 the same notice when
+    srun reports that a task ended (`announce`); the other ranks learn it from rank 0's stop.
     """
 
-    def __init__(self) -> None:
-        self.noticed = False
+    def announce(self, environ: Optional[Dict[str, str]] = None) -> None:
+        """Leave this process's id where psframework.launch sends the notice to (PSF_NOTICE_PID), if it does.
+
+        Only once the notice is installed: SIGUSR1's default action would end the rank.
+        """
+        path = environment.notice_pid_file(environ)
+        if path and os.path.isdir(os.path.dirname(path)):
+            atomic_write_text(path, str(os.getpid()))
 
     def install(self) -> None:
         """Take SIGUSR1 as the notice (only the main thread may install signal handlers)."""
@@ -71,13 +82,46 @@ class RankLossNotice:
             signal.signal(signal.SIGUSR1, self._note)
 
     def _note(self, *_: Any) -> None:
-        self.noticed = True
+        self.noticed = True  # a signal handler: no list to touch here
+        self.watch_for_stall()
 
-    def __call__(self) -> bool:
-        return self.noticed
+    def note(self, ranks: Sequence[int] = ()) -> None:
+        super().note(ranks)
+        self.watch_for_stall()
+
+    watching = False
+
+    def watch_for_stall(self) -> None:
+        """On rank 0, end the job once it has started no iteration for `stall_s` since a rank died.
+
+        A send to a dead rank can block inside the MPI for ever (MPICH over OFI's TCP provider
+        retries the reconnection without end); a thread still runs, as mpi4py releases the GIL.
+        """
+        if self.watching or self.stall_s is None:
+            return
+        self.watching = True
+        threading.Thread(target=self._watch, name="psf-stall-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        while time.monotonic() - self.last_beat < self.stall_s:
+            time.sleep(1.0)
+        print(f"psf: error: rank 0: no iteration started for {self.stall_s:.0f} s after a rank of the job died: "
+              "a send to the dead rank never returned from the MPI; resume from the last checkpoint with "
+              "train.resume=auto", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
-RANK_LOSS = RankLossNotice()  # true once the process manager has said that a rank of this job died
+RANK_LOSS = RankLossNotice()  # true once this rank knows that a rank of the job died
+
+
+def leave_word_of_loss(loss: RankLoss, environ: Optional[Dict[str, str]] = None) -> None:
+    """Write the ranks a finished run went on without where psframework.launch reads them (PSF_LOST_RANKS).
+
+    srun's status is then the dead rank's, and the launcher turns it into the run's: it finished.
+    """
+    path = environment.lost_ranks_file(environ)
+    if path and os.path.isdir(os.path.dirname(path)):
+        atomic_write_text(path, " ".join(map(str, loss.ranks)) or "unknown")
 
 
 def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu",
@@ -100,6 +144,8 @@ def start_node(settings: TransportSettings, comm: Any = None, peers: bool = Fals
     RANK_LOSS.install()
     keep_freed_memory()
     roles = setup_roles(comm, groups)
+    if roles.world_rank == 0:
+        RANK_LOSS.announce()
     chosen, note = select_device(device, roles.world)
     plan = configure_threads(roles.world, threads=settings.threads or None)
     if environment.decode_threads() is None:  # decoding shares this rank's cores like torch and BLAS do

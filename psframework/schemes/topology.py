@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any, Callable, Optional, Union
 
 from psframework.comm.links import ServerLink, WorkerLink
+from psframework.comm.rounds import SETUP_PATIENCE
 from psframework.runtime.node import RANK_LOSS, Node, start_node
 from psframework.schemes.coded.dissemination import dissemination_of
 from psframework.schemes.groups import Group, ServerGroup, SoleServer
@@ -52,6 +53,9 @@ def server_link(settings: Settings, node: Node) -> ServerLink:
     from psframework.comm.server_link import MPIServerLink
 
     roles, transport = node.shards[0] if node.shards else (node.roles, node.transport)
+    timeout = transport.resolve_timeout()
+    # A send to a dead rank may never return (MPICH over OFI's TCP provider retries it for ever).
+    RANK_LOSS.stall_s = None if timeout is None else SETUP_PATIENCE * timeout
     return MPIServerLink(transport, roles.workers, roles, node.emulation, detach_after=detach_after(settings),
                          lost=RANK_LOSS, detach_after_s=settings.transport.detach_after_s)
 
@@ -61,8 +65,9 @@ def worker_link(node: Node) -> WorkerLink:
     from psframework.comm.worker_link import MPIWorkerLink, ShardedWorkerLink
 
     if node.shards:
-        return ShardedWorkerLink([MPIWorkerLink(t, r) for r, t in node.shards])
-    return MPIWorkerLink(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers)
+        return ShardedWorkerLink([MPIWorkerLink(t, r, lost=RANK_LOSS) for r, t in node.shards])
+    return MPIWorkerLink(node.transport, node.roles, node.peers, across=node.across, all_workers=node.all_workers,
+                         lost=RANK_LOSS)
 
 
 def detach_after(settings: Settings) -> Optional[int]:
