@@ -164,7 +164,7 @@ def test_psf_mpirun_builds_the_srun_command_and_checks_its_arguments():
     assert os.path.basename(srun[0]) == "srun" and srun[1:4] == ["--mpi=pmi2", "-n", "7"]
     assert srun[-5:] == ["-m", "psframework", "train", config, "code.n=6"]
     srun = dry_run(dict(slurm, PSF_SRUN_MPI="pmix", PSF_SRUN_CPU_BIND="cores"), "-n", "3", "doctor")
-    assert srun[1:5] == ["--mpi=pmix", "-n", "3", "--cpu-bind=cores"] and srun[-1] == "doctor"
+    assert srun[1:6] == ["--mpi=pmix", "-n", "3", "--kill-on-bad-exit=0", "--cpu-bind=cores"] and srun[-1] == "doctor"
     proc = subprocess.run([WRAPPER, "--dry-run", "train", config, "code.n=9"], env=slurm, capture_output=True,
                           text=True, timeout=60)
     expected = ("psf: error: the run needs 10 ranks but the Slurm allocation has 8 tasks (SLURM_NTASKS): "
