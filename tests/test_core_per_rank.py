@@ -39,10 +39,11 @@ def test_a_cluster_job_with_a_core_per_rank_runs_rank_r_on_a_core_of_its_own(mon
         jobs.job_command(cluster, 4, ["python", "x.py"], core_per_rank=True)
 
 
+# Rank 0 prints every rank's line: lines that two ranks print at once can interleave in mpiexec's output.
 NODE_CORES = ("from mpi4py import MPI; from psframework.comm.locality import node_cores; "
-              "from psframework.comm.polling import auto_poll_sleep; import os; c = node_cores(MPI.COMM_WORLD); "
-              "print(len(os.sched_getaffinity(0)), c, auto_poll_sleep(MPI.COMM_WORLD, c), "
-              "auto_poll_sleep(MPI.COMM_WORLD), flush=True)")
+              "from psframework.comm.polling import auto_poll_sleep; import os; w = MPI.COMM_WORLD; c = node_cores(w); "
+              "line = f'{len(os.sched_getaffinity(0))} {c} {auto_poll_sleep(w, c)} {auto_poll_sleep(w)}'; "
+              "lines = w.gather(line, root=0); w.rank or print(*lines, sep='\\n', flush=True)")
 
 
 def node_cores_job(core_per_rank: bool) -> list:
