@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -32,6 +32,18 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> No
 def atomic_write_text(path: str, text: str) -> None:
     """Write text to `path` atomically."""
     atomic_write(path, lambda fh: fh.write(text))
+
+
+def leave_for_launcher(path: Optional[str], text: str) -> bool:
+    """Write text to a file a launcher asked for (a name in a folder of its own), if that folder is here.
+
+    The launcher runs on one node: a rank elsewhere, or run without the launcher, writes nothing.
+    Return whether it wrote.
+    """
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return False
+    atomic_write_text(path, text)
+    return True
 
 
 def atomic_write_json(path: str, obj: Any) -> None:

@@ -7,9 +7,11 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import pytest
+
+from mpiutil import training_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_UP = os.path.join(ROOT, "hpc", "slurm-up.sh")
@@ -88,31 +90,13 @@ def job_environment() -> Dict[str, str]:
     return env
 
 
-def rank_pid(job: str, rank: int) -> Optional[int]:
-    """Return the process id of rank `rank` of a Slurm job's training step (None while it has not started)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if (b"mpi4py" in argv and f"SLURM_JOB_ID={job}".encode() in environ
-                and f"SLURM_PROCID={rank}".encode() in environ):
-            return int(entry)
-    return None
-
-
 def kill_rank_once_training(job: str, rank: int, partial, rows: int, timeout_s: float, log) -> None:
     """SIGKILL a rank of the job once its run has written `rows` metrics rows (`partial`)."""
     deadline = time.monotonic() + timeout_s
     while not partial.exists() or len(partial.read_text().splitlines()) < rows:
         assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
         time.sleep(0.05)
-    pid = rank_pid(job, rank)
+    pid = training_process([f"SLURM_JOB_ID={job}", f"SLURM_PROCID={rank}"])
     assert pid is not None, f"no process of rank {rank} of job {job}"
     os.kill(pid, signal.SIGKILL)
 

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from mpiutil import mpi_command
+from mpiutil import mpi_command, training_process
 from psframework.launch import is_open_mpi, mpiexec_path
 from psframework.runtime.preempt import EXIT_PREEMPTED
 from test_schemes_coded import CALM, assert_same_model, losses
@@ -224,20 +224,10 @@ def test_a_run_with_a_worker_frozen_most_of_the_time_matches_the_reference(
 
 def rank_process(job, rank):
     """Return the pid of a rank's training process (not the guard that runs it)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if (f"PSF_TEST_JOB={job.mark}".encode() in env and f"PMI_RANK={rank}".encode() in env
-                and b"mpi4py" in cmdline and b"guard" not in cmdline):
-            return int(entry)
-    raise AssertionError(f"no training process of rank {rank} found")
+    pid = training_process([f"PSF_TEST_JOB={job.mark}", f"PMI_RANK={rank}"], without=b"guard")
+    if pid is None:
+        raise AssertionError(f"no training process of rank {rank} found")
+    return pid
 
 
 @pytest.mark.mpi

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from psframework import environment
 from psframework.codes.threads import set_decode_threads
 from psframework.comm.membership import RankLoss
-from psframework.fileio import atomic_write_text
+from psframework.fileio import leave_for_launcher
 from psframework.runtime.transport_settings import TransportSettings
 
 if TYPE_CHECKING:  # the transport needs mpi4py: it is imported when a node starts
@@ -72,9 +72,7 @@ class RankLossNotice(RankLoss):
 
         Only once the notice is installed: SIGUSR1's default action would end the rank.
         """
-        path = environment.notice_pid_file(environ)
-        if path and os.path.isdir(os.path.dirname(path)):
-            atomic_write_text(path, str(os.getpid()))
+        leave_for_launcher(environment.notice_pid_file(environ), str(os.getpid()))
 
     def install(self) -> None:
         """Take SIGUSR1 as the notice (only the main thread may install signal handlers)."""
@@ -119,9 +117,7 @@ def leave_word_of_loss(loss: RankLoss, environ: Optional[Dict[str, str]] = None)
 
     srun's status is then the dead rank's, and the launcher turns it into the run's: it finished.
     """
-    path = environment.lost_ranks_file(environ)
-    if path and os.path.isdir(os.path.dirname(path)):
-        atomic_write_text(path, " ".join(map(str, loss.ranks)) or "unknown")
+    leave_for_launcher(environment.lost_ranks_file(environ), " ".join(map(str, loss.ranks)) or "unknown")
 
 
 def start_node(settings: TransportSettings, comm: Any = None, peers: bool = False, device: str = "cpu",

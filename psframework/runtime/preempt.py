@@ -17,7 +17,7 @@ import threading
 from typing import Dict, List, Mapping, Optional
 
 from psframework import environment
-from psframework.fileio import atomic_write_text
+from psframework.fileio import leave_for_launcher
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the run stopped early with a checkpoint and can go on
 # Where psframework.launch wants rank 0's requeue request (a file path, in the environment of the step).
@@ -141,9 +141,7 @@ def requeue(env: Mapping[str, str], max_requeues: Optional[int] = None) -> str:
     if max_requeues is not None and restarts >= max_requeues:
         return (f"job {job} was requeued {restarts} times already, the most train.max_requeues={max_requeues} "
                 "allows: not requeued; submit it again with train.resume=auto to go on")
-    request = environment.requeue_request(env)
-    if request and os.path.isdir(os.path.dirname(request)):
-        atomic_write_text(request, job)
+    if leave_for_launcher(environment.requeue_request(env), job):
         return f"Slurm job {job} is requeued once every rank has exited (by psframework.launch)"
     scontrol = shutil.which("scontrol")
     if scontrol is None:
