@@ -186,17 +186,8 @@ def close_pools() -> None:
 def training_process(environment: Sequence[str], without: bytes = b"") -> Optional[int]:
     """Return the pid of a `python -m mpi4py` process whose environment holds every `environment` entry
     (and whose command line lacks `without`, if given), or None."""
+    from psframework.bench.peers_runs import find_process
+
     wanted = {entry.encode() for entry in environment}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = set(fh.read().split(b"\0"))
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if wanted <= env and b"mpi4py" in cmdline and not (without and without in cmdline):
-            return int(entry)
-    return None
+    return find_process(lambda env, cmdline: wanted <= env and b"mpi4py" in cmdline
+                        and not (without and without in cmdline))

@@ -11,7 +11,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from psframework.bench import peers_links as links_report
 from psframework.bench import peers_net
@@ -22,22 +22,32 @@ from psframework.bench.runs import MIB
 from psframework.launch import mpi_command
 
 
+def find_process(matches: Callable[[Set[bytes], bytes], bool]) -> Optional[int]:
+    """Return the pid of a process whose environment entries and command line (NUL-separated) `matches`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = set(fh.read().split(b"\0"))
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if matches(env, cmdline):
+            return int(entry)
+    return None
+
+
 def job_pid(marker: str, rank: int, timeout_s: float = 120.0) -> Optional[int]:
     """Return the pid of the job's process of `rank` (found by its environment), waiting for it to start."""
     wanted = {f"PSF_BENCH_JOB={marker}".encode()}
     ranks = {f"PMI_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()}
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    env = set(fh.read().split(b"\0"))
-            except OSError:
-                continue
-            if wanted <= env and ranks & env:
-                return int(entry)
+        pid = find_process(lambda env, _: wanted <= env and bool(ranks & env))
+        if pid is not None:
+            return pid
         time.sleep(0.05)
     return None
 
