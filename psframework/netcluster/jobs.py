@@ -29,6 +29,9 @@ MPICH_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_T
 # to the process manager as 4096 bytes, mostly the memory that follows it, and Slurm's pmi2 plugin reads a
 # request in one read of 1024 bytes, so the ranks of a multi-node srun step fail in MPI_Init whenever that
 # memory holds few zero bytes. mpiexec's process manager reads whole requests.
+# A worker's death ends such a step: OFI's sockets provider reports a send to a dead peer, but MPICH marks
+# that completion error fatal and aborts the step; the TCP provider retries for ever, so rank 0's stall
+# watchdog can end the job with its one line.
 MPICH_SRUN_NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp",
                       "FI_TCP_IFACE": DEVICE}
 OPEN_MPI_NETWORK = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", DEVICE]
