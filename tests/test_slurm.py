@@ -60,7 +60,7 @@ def test_a_job_whose_worker_is_killed_trains_on_and_completes_with_exit_0(tmp_pa
     assert_finished_without(record, out.read_text(), tmp_path / "killed", 2, 600)
 
 
-REQUEUES = 5
+REQUEUES = 3
 
 
 def count_lines(path) -> int:
@@ -80,8 +80,8 @@ def preempt(job: str, out, marker: str, count: int, deadline: float) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_job_preempted_five_times_requeues_itself_each_time_and_ends_as_an_uninterrupted_run(tmp_path):
-    """Five preemptions in a row: each one checkpoints, the job is requeued once its step has ended,
+def test_a_job_preempted_three_times_requeues_itself_each_time_and_ends_as_an_uninterrupted_run(tmp_path):
+    """Three preemptions in a row: each one checkpoints, the job is requeued once its step has ended,
     and every requeued run trains again within 60 s of its requeue (Slurm lets a requeued job start
     after its credential lifetime, at its next scheduling pass: 10 s and every 2 s in hpc/slurm-up.sh;
     the test prints the times); the result is bit for bit the uninterrupted run's."""
