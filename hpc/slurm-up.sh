@@ -41,7 +41,8 @@ cat > "$conf" <<EOF
 ClusterName=psf
 SlurmctldHost=$host(127.0.0.1)
 AuthType=auth/munge
-AuthInfo=cred_expire=10
+# a requeued job may start again after cred_expire seconds (Slurm default 120, at least 5)
+AuthInfo=cred_expire=5
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -65,7 +66,6 @@ ReturnToService=2
 JobRequeue=1
 KillWait=10
 MinJobAge=300
-# a requeued job may start again after cred_expire seconds (Slurm default 120; short for the tests)
 SlurmdParameters=config_overrides
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES

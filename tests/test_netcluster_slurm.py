@@ -43,7 +43,7 @@ def test_the_configuration_keeps_every_path_and_port_of_its_own():
     nodes = [line for line in text.splitlines() if line.startswith("NodeName=")]
     assert nodes == [f"NodeName=tc-h{h} NodeAddr=198.18.0.{h + 1} CPUs=32 RealMemory=4000 State=UNKNOWN"
                      for h in range(3)]
-    for setting in ("AuthInfo=cred_expire=10", "SchedulerParameters=sched_interval=2", "JobRequeue=1",
+    for setting in ("AuthInfo=cred_expire=5", "SchedulerParameters=sched_interval=2", "JobRequeue=1",
                     "ReturnToService=2", "SlurmdParameters=config_overrides", "KillWait=10"):
         assert setting + "\n" in text  # as in hpc/slurm-up.sh
 

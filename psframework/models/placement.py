@@ -209,9 +209,9 @@ def trace_run(model: nn.Module, input_shape: Tuple[int, ...], name: str,
             with context():
                 out = functional_call(model, tensors, (torch.zeros(2, *input_shape, device=device),))
                 if isinstance(out, torch.Tensor) and out.requires_grad:
-                    # With an explicit gradient, as the workers' backward passes go: torch loads what that
-                    # needs (about a second, on first use) here, not in the first iteration.
-                    out.backward(torch.ones_like(out))
+                    # A scalar's backward: one with an explicit gradient imports torch's symbolic shapes and
+                    # sympy (half a second of every rank's start-up), which most ranks never need.
+                    out.sum().backward()
             if not isinstance(out, torch.Tensor):
                 raise ConfigError(f"model.name: model {name} returns a {type(out).__name__}, expected a tensor of "
                                   "class scores")

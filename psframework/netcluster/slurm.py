@@ -57,7 +57,7 @@ def config_text(cluster: Cluster, cpus: int, memory_mb: int) -> str:
         f"SlurmctldPort={CONTROLLER_PORT}",
         f"SlurmdPort={NODE_PORT}",
         "AuthType=auth/munge",
-        "AuthInfo=cred_expire=10",  # a requeued job may start again after 10 s (default 120)
+        "AuthInfo=cred_expire=5",  # a requeued job may start again after 5 s (default 120, Slurm's least 5)
         "CredType=cred/munge",
         "SlurmUser=root",
         "SlurmdUser=root",
